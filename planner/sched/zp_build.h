@@ -231,6 +231,11 @@ typedef struct {
      * forward and a backward run module by module (zp_impl_module_compute, _backward), and
      * whether gradients are handed on tensor by tensor (zp_build_hand_on). */
     gboolean varied_blocks, module_forward, module_backward, hands_on;
+    /* And whether a block's forward, recompute and backward ops, with the allocs and frees
+     * around them, may be written in one pass each (zp_build_emit_block_kept and _backward):
+     * blocks alike and whole, below stage 3, without workspaces, selective recomputation,
+     * checkpoint boundaries' syncs, or checkpoints copied to the host or re-gathered. */
+    gboolean blocks_direct;
     /* Likewise functions of the model and plan alone, asked per block op and per pipeline
      * exchange: a tensor-parallel sum's collectives (zp_build_tp_sum_shape), and whether a
      * received activation is all-gathered over the tensor group (zp_build_pipe.c
@@ -276,6 +281,17 @@ uint32_t zp_build_emit_tp_chain(Builder *b, int chains, int unit, int micro, uin
  * zp_build_tp_sums): a whole block's op. */
 uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int micro,
                                 const Cost *cost, const uint32_t *deps, guint n_deps, int sums);
+/* A block's ops in one pass, where the build allows (Builder.blocks_direct; FALSE, with
+ * nothing written, where they would pass max_ops): its forward or recompute (kind) with the
+ * alloc of what it keeps (cat, bytes, its id into *buffer) after the last compute op and
+ * into deps first; its backward after deps and the frees of its activations and checkpoint
+ * (ckpt -1: none) after it. */
+gboolean zp_build_emit_block_kept(Builder *b, ZpComputeKind kind, int unit, int micro,
+                                  ZpMemCategory cat, double bytes, int *buffer,
+                                  const Cost *cost, GArray *deps);
+gboolean zp_build_emit_block_backward(Builder *b, int unit, int micro, const Cost *cost,
+                                      const uint32_t *deps, guint n_deps, double act_bytes,
+                                      int act, double ckpt_bytes, int ckpt);
 /* A pipeline p2p op (ZpP2pKind dir) to stage `peer`, after the last compute op and the
  * collectives that op synchronises with (sync_deps, which stay). */
 uint32_t zp_build_emit_p2p(Builder *b, ZpP2pKind dir, int unit, int micro, uint32_t peer,

@@ -325,27 +325,78 @@ uint32_t zp_build_emit_tp_chain(Builder *b, int chains, int unit, int micro, uin
     return last;
 }
 
-/* zp_build_emit_block_op's common case: no workspaces, no p2p_sync exchange pending, room
- * for all its ops below max_ops. The compute op takes what emit_compute's op_finish gives it
- * (another stage's send, deps, the synchronised collectives, the host's wait, which it
- * clears); each sum's first collective then waits for the compute op alone, the next for the
- * one before. All in one pass with the arrays' room made once: a block op and its two sums
- * were a call of the compute's and three calls deep for the sums, each making room and
- * re-reading the arrays through the builder (narayanan21-t1-529.6b: 55,000 block ops, 470
- * instructions each). */
-static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int micro,
-                                const Cost *cost, const uint32_t *deps, guint n_deps,
-                                const ZpTpSum *t, int sums)
+/* A run of ops written in one pass (block_op_direct, the blocks' writers below): the room
+ * for all of them and their dependencies made once, the next op's place and index and the
+ * next dependency's place held in locals of the caller, the arrays' lengths put back at the
+ * end (run_close). Each op written through op_slot and op_finish made the room and re-read
+ * the arrays through the builder (Megatron 1T: an alloc or free cost 86 to 105
+ * instructions). */
+typedef struct {
+    ZpOp *op;                  /* the next op's place */
+    uint32_t at;               /* and its index */
+    uint32_t *dep, *first_dep; /* the next dependency's place; the run's first */
+    guint dep_base;            /* the first's index in the schedule's deps */
+} Run;
+
+/* Room for n_ops ops (exactly those the run writes) and at most most_deps dependencies;
+ * FALSE, with nothing done, where an op would pass max_ops (the emitters' own path then
+ * stores what it may and records the overflow). */
+G_ALWAYS_INLINE static inline gboolean run_open(Builder *b, Run *r, guint n_ops,
+                                                guint64 most_deps)
 {
     ZpSchedule *s = b->s;
-    const guint n_tp = (guint)(t->n * sums), first = s->ops->len;
-    ZpOp *op = zp_array_extend(s->ops, 1 + n_tp, sizeof(ZpOp), &b->ops_room);
-    const guint n_sync = b->n_sync, dep_base = s->deps->len;
-    uint32_t *const first_dep = deps_open(b, (guint64)n_deps + n_sync + 2 + n_tp);
-    uint32_t *dep = first_dep;
-    const uint32_t stage = (uint32_t)b->stage;
+    if (!((double)s->ops->len + (double)(n_ops - 1) < b->max_ops))
+        return FALSE;
+    r->at = s->ops->len;
+    r->op = zp_array_extend(s->ops, n_ops, sizeof(ZpOp), &b->ops_room);
+    r->dep_base = s->deps->len;
+    r->first_dep = r->dep = deps_open(b, most_deps);
+    return TRUE;
+}
+
+G_ALWAYS_INLINE static inline void run_close(Builder *b, const Run *r)
+{
+    b->s->deps->len = r->dep_base + (guint)(r->dep - r->first_dep);
+}
+
+/* An alloc or free (kind) in a run, as zp_build_emit_alloc and zp_build_emit_free write it:
+ * after `after` (NONE: nothing) and the host's wait on the device, which stays. */
+G_ALWAYS_INLINE static inline uint32_t run_memory_op(Builder *b, Run *r, ZpOpKind kind,
+                                                     ZpMemCategory cat, double bytes, int unit,
+                                                     int micro, int buffer, uint32_t after)
+{
+    ZpOp *op = r->op++;
+    *op = (ZpOp){.kind = (uint8_t)kind, .sub = (uint8_t)cat, .unit = unit, .micro = micro,
+                 .buffer = buffer, .bytes = bytes};
+    uint32_t *dep = r->dep;
+    if (after != NONE)
+        *dep++ = after;
+    if (b->host_sync != NONE)
+        *dep++ = b->host_sync;
+    op->stage = (uint32_t)b->stage;
+    op->dep_start = r->dep_base + (guint)(r->dep - r->first_dep);
+    op->n_deps = (uint32_t)(dep - r->dep);
+    r->dep = dep;
+    return r->at++;
+}
+
+/* A block op in a run (zp_build_emit_block_op's common case: no workspaces, no p2p_sync
+ * exchange pending). The compute op takes what emit_compute's op_finish gives it (another
+ * stage's send, deps, the synchronised collectives, the host's wait, which it clears); each
+ * sum's first collective then waits for the compute op alone, the next for the one before.
+ * The sync list holds room for the sums (zp_build_emit_block_op, Builder.blocks_direct). */
+G_ALWAYS_INLINE static inline uint32_t run_block_op(Builder *b, Run *r, ZpComputeKind kind,
+                                                    int unit, int micro, const Cost *cost,
+                                                    const uint32_t *deps, guint n_deps,
+                                                    const ZpTpSum *t, int sums)
+{
+    const guint n_tp = (guint)(t->n * sums), n_sync = b->n_sync, dep_base = r->dep_base;
+    const uint32_t first = r->at, stage = (uint32_t)b->stage;
+    uint32_t *const first_dep = r->first_dep, *const op_deps = r->dep;
+    uint32_t *dep = op_deps;
+    ZpOp *op = r->op;
     if (b->recv_key >= 0) { /* the first dependency: another stage's send */
-        *dep = deps_cross(b, dep_base, b->recv_key);
+        *dep = deps_cross(b, dep_base + (guint)(dep - first_dep), b->recv_key);
         dep++;
         b->recv_key = -1;
     }
@@ -363,7 +414,8 @@ static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int mi
     op->unit = unit, op->micro = micro, op->buffer = -1, op->stage = stage;
     op->flops = cost->flops, op->gemm_flops = cost->gemm_flops;
     op->attn_flops = cost->attn_flops, op->mem_bytes = cost->mem_bytes;
-    op->dep_start = dep_base, op->n_deps = (uint32_t)(dep - first_dep);
+    op->dep_start = dep_base + (guint)(op_deps - first_dep);
+    op->n_deps = (uint32_t)(dep - op_deps);
     b->last_compute = b->last_on_stream[ZP_STREAM_COMPUTE] = first;
     /* The sums' ops, each copied from its template (ZpTpSum ops): a sum's first follows the
      * compute op, the next the one before it. Two loops, each collective cleared and written
@@ -386,10 +438,27 @@ static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int mi
                 k = 0;
         }
     }
-    s->deps->len = dep_base + (guint)(dep - first_dep);
     b->n_sync = n_tp;
     if (n_tp > 0)
         b->last_on_stream[ZP_STREAM_TP] = at - 1;
+    r->op = op + 1, r->at = at, r->dep = dep;
+    return first;
+}
+
+/* zp_build_emit_block_op's common case, room for all its ops below max_ops: a run of its
+ * own. A block op and its two sums were a call of the compute's and three calls deep for the
+ * sums, each making room and re-reading the arrays through the builder
+ * (narayanan21-t1-529.6b: 55,000 block ops, 470 instructions each). */
+static uint32_t block_op_direct(Builder *b, ZpComputeKind kind, int unit, int micro,
+                                const Cost *cost, const uint32_t *deps, guint n_deps,
+                                const ZpTpSum *t, int sums)
+{
+    const guint n_tp = (guint)(t->n * sums);
+    Run r;
+    if (!run_open(b, &r, 1 + n_tp, (guint64)n_deps + b->n_sync + 2 + n_tp))
+        return NONE;
+    const uint32_t first = run_block_op(b, &r, kind, unit, micro, cost, deps, n_deps, t, sums);
+    run_close(b, &r);
     return first;
 }
 
@@ -400,13 +469,68 @@ uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int mi
     const guint n_tp = (guint)(t->n * sums);
     if (n_tp > b->sync_deps->len) /* the sums' syncs replace the compute op's */
         g_array_set_size(b->sync_deps, 2 * n_tp + 8);
-    if (!b->s->plan.backend_workspace && b->recv_key_sync < 0 &&
-        (double)b->s->ops->len + (double)n_tp < b->max_ops)
-        return block_op_direct(b, kind, unit, micro, cost, deps, n_deps, t, sums);
+    if (!b->s->plan.backend_workspace && b->recv_key_sync < 0) {
+        const uint32_t first = block_op_direct(b, kind, unit, micro, cost, deps, n_deps, t, sums);
+        if (first != NONE)
+            return first;
+    }
     const uint32_t op = zp_build_emit_compute(b, kind, unit, micro, *cost, deps, n_deps);
     if (sums > 0)
         zp_build_emit_tp_chain(b, sums, unit, micro, b->last_compute);
     return op;
+}
+
+/* A block's forward or recompute in one run (Builder.blocks_direct): the alloc of what it
+ * keeps (its checkpoint, or its activations) after the last compute op, into deps (the
+ * step's, emptied), and the block op after it with its sums, as zp_build_emit_alloc and
+ * zp_build_emit_block_op write them. In calls, a block's forward, recompute and backward
+ * with their allocs and frees cost 2,300 instructions on Megatron 1T, its calls' prologues,
+ * room checks and tests again for each op. */
+gboolean zp_build_emit_block_kept(Builder *b, ZpComputeKind kind, int unit, int micro,
+                                  ZpMemCategory cat, double bytes, int *buffer,
+                                  const Cost *cost, GArray *deps)
+{
+    const ZpTpSum *t = &b->tp_sum;
+    const int sums = zp_build_block_tp_sums(b);
+    const guint n_tp = (guint)(t->n * sums);
+    Run r;
+    if (!run_open(b, &r, 2 + n_tp, 2 + 1 + 1 + (guint64)b->n_sync + 1 + n_tp))
+        return FALSE;
+    if (n_tp > b->sync_deps->len) /* the sums' syncs replace the compute op's */
+        g_array_set_size(b->sync_deps, 2 * n_tp + 8);
+    *buffer = b->next_buffer++;
+    const uint32_t alloc =
+        run_memory_op(b, &r, ZP_OP_ALLOC, cat, bytes, unit, micro, *buffer, b->last_compute);
+    zp_build_put_dep(b, deps, alloc);
+    run_block_op(b, &r, kind, unit, micro, cost, &alloc, 1, t, sums);
+    run_close(b, &r);
+    return TRUE;
+}
+
+/* A block's backward in one run (Builder.blocks_direct): the block op after deps with its
+ * sums, then the frees of its activations (act) and of its checkpoint (ckpt; -1: none), as
+ * zp_build_emit_block_op and zp_build_emit_free write them. */
+gboolean zp_build_emit_block_backward(Builder *b, int unit, int micro, const Cost *cost,
+                                      const uint32_t *deps, guint n_deps, double act_bytes,
+                                      int act, double ckpt_bytes, int ckpt)
+{
+    const ZpTpSum *t = &b->tp_sum;
+    const int sums = zp_build_block_tp_sums(b);
+    const guint n_tp = (guint)(t->n * sums);
+    Run r;
+    if (!run_open(b, &r, 2 + n_tp + (ckpt >= 0),
+                  1 + (guint64)n_deps + b->n_sync + 1 + n_tp + 2 + 2))
+        return FALSE;
+    if (n_tp > b->sync_deps->len)
+        g_array_set_size(b->sync_deps, 2 * n_tp + 8);
+    run_block_op(b, &r, ZP_COMP_BLOCK_BWD, unit, micro, cost, deps, n_deps, t, sums);
+    run_memory_op(b, &r, ZP_OP_FREE, ZP_MEM_ACTIVATIONS, act_bytes, unit, micro, act,
+                  b->last_compute);
+    if (ckpt >= 0)
+        run_memory_op(b, &r, ZP_OP_FREE, ZP_MEM_CHECKPOINTS, ckpt_bytes, unit, micro, ckpt,
+                      b->last_compute);
+    run_close(b, &r);
+    return TRUE;
 }
 
 /* A p2p op of the pipeline (zp_build_send), written in place as the other emitters write

@@ -144,6 +144,15 @@ static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int 
     }
 }
 
+/* Whether this micro-step's block ops may be written in one pass each (Builder.blocks_direct):
+ * no p2p_sync exchange pending (a compute op then waits for a second send) and no overlapped
+ * parameter gather to wait for (micro-step 0's, zp_build_wait_param_gathers). */
+static inline gboolean blocks_direct(const Builder *b, int micro)
+{
+    return b->blocks_direct && b->recv_key_sync < 0 &&
+           !(micro == 0 && b->s->plan.overlap_param_gather);
+}
+
 void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range r)
 {
     const ZpSchedule *s = b->s;
@@ -158,8 +167,20 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
             zp_build_tp_sums(b, 0, micro, 1);
         position_end(b, zp_pos_fwd(0), micro);
     }
+    const gboolean direct = blocks_direct(b, micro);
     for (int l = MAX(r.lo, 1); l <= MIN(r.hi - 1, L); l++) {
         position_begin(b, zp_pos_fwd(l), micro, deps);
+        if (direct) {
+            const Cost cost = block_cost(b, l, ZP_COMP_BLOCK_FWD);
+            if (zp_build_emit_block_kept(
+                    b, ZP_COMP_BLOCK_FWD, l, micro,
+                    ckpt ? ZP_MEM_CHECKPOINTS : ZP_MEM_ACTIVATIONS,
+                    ckpt ? a->rule.gpu_bytes : a->act_bytes,
+                    zp_build_act_slot(b, ckpt ? a->ckpt : a->act, micro, l), &cost, deps)) {
+                position_end(b, zp_pos_fwd(l), micro);
+                continue;
+            }
+        }
         if (ckpt) {
             zp_build_checkpoint_boundary(b);
             zp_build_keep_checkpoint(b, l, micro, a, deps);
@@ -272,13 +293,20 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
     const ZpSchedule *s = b->s;
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
+    const gboolean direct = !reduce && blocks_direct(b, micro);
     for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
         int *act = zp_build_act_slot(b, a->act, micro, l);
         const double act_bytes = unit_act_bytes(b, l, a);
         /* The recompute has a position of its own (empty without checkpointing): an
          * implementation may gather for it and again for the backward. */
         position_begin(b, zp_pos_rec(L, l), micro, deps);
-        if (ckpt) {
+        gboolean written = FALSE;
+        if (ckpt && direct) {
+            const Cost cost = block_cost(b, l, ZP_COMP_BLOCK_FWD);
+            written = zp_build_emit_block_kept(b, ZP_COMP_RECOMPUTE, l, micro, ZP_MEM_ACTIVATIONS,
+                                               act_bytes, act, &cost, deps);
+        }
+        if (ckpt && !written) {
             zp_build_checkpoint_boundary(b);
             zp_build_regather_checkpoint(b, l, micro, a);
             uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, act,
@@ -306,21 +334,31 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         const int returned = b->varied_blocks ? zp_build_moe_backward(b, l, micro, reduce) : -1;
         if (reduce) /* a bucket the experts' gradients do not fit (ZP_LAUNCH_EXPERTS) */
             zp_build_launch_buckets(b, l, ZP_LAUNCH_EXPERTS, micro, launched);
-        block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos,
-                      block_cost(b, l, ZP_COMP_BLOCK_BWD), deps,
-                      reduce ? launched : NULL);
-        if (returned >= 0)
-            zp_build_moe_free_backward(b, l, micro, returned);
-        if (ckpt)
-            zp_build_checkpoint_boundary(b);
-        zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, *act, b->last_compute);
-        if (core >= 0)
-            zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro, core,
+        const Cost cost = block_cost(b, l, ZP_COMP_BLOCK_BWD);
+        /* blocks_direct: no experts' buffer returned, no core attention's, no re-gathered
+         * checkpoint, no boundary's syncs */
+        if (!(direct &&
+              zp_build_emit_block_backward(b, l, micro, &cost, (uint32_t *)deps->data, deps->len,
+                                           act_bytes, *act, a->rule.gpu_bytes,
+                                           ckpt ? *zp_build_act_slot(b, a->ckpt, micro, l)
+                                                : -1))) {
+            block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, cost, deps,
+                          reduce ? launched : NULL);
+            if (returned >= 0)
+                zp_build_moe_free_backward(b, l, micro, returned);
+            if (ckpt)
+                zp_build_checkpoint_boundary(b);
+            zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, act_bytes, l, micro, *act,
                                b->last_compute);
-        if (ckpt && *zp_build_act_slot(b, a->ckpt, micro, l) >= 0)
-            zp_build_emit_free(b, ZP_MEM_CHECKPOINTS,
-                               a->rule.regathered ? a->rule.full_bytes : a->rule.gpu_bytes, l,
-                               micro, *zp_build_act_slot(b, a->ckpt, micro, l), b->last_compute);
+            if (core >= 0)
+                zp_build_emit_free(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro, core,
+                                   b->last_compute);
+            if (ckpt && *zp_build_act_slot(b, a->ckpt, micro, l) >= 0)
+                zp_build_emit_free(b, ZP_MEM_CHECKPOINTS,
+                                   a->rule.regathered ? a->rule.full_bytes : a->rule.gpu_bytes,
+                                   l, micro, *zp_build_act_slot(b, a->ckpt, micro, l),
+                                   b->last_compute);
+        }
         position_end(b, pos, micro);
         if (reduce)
             zp_build_launch_buckets(b, l, -1, micro, launched);

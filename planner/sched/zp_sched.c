@@ -433,6 +433,12 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     Activations a = {g_new0(int, slots), g_new0(int, slots),
                      zp_mem_plan_activation_block_bytes(model, plan),
                      zp_zeror_checkpoint(model, plan), zp_mem_core_attention_bytes(model, plan)};
+    b.blocks_direct = !b.varied_blocks && !b.module_forward && !b.module_backward &&
+                      plan->zero.stage != 3 && !plan->backend_workspace &&
+                      !zp_build_selective(plan) &&
+                      (!plan->checkpoint || (!plan->ckpt.synchronize_checkpoint_boundary &&
+                                             !(a.rule.copy_bytes > 0) && !a.rule.regathered &&
+                                             a.rule.gpu_bytes > 0));
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     b.step_deps = deps, b.step_deps_room = 0; /* zp_build_put_dep */
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
