@@ -206,6 +206,7 @@ typedef struct {
      * multiplies them, and the build fails at its end instead of taking the machine. */
     double max_ops;
     gboolean over_ops;
+    uint64_t ops_cap; /* the ops below max_ops: ceil(max_ops), for a run's integer test */
     /* The ops and dependencies the schedule's arrays hold without growing (zp_array_extend) */
     guint ops_room, deps_room;
     /* and those the run-ahead's gated allocs and the cross-stage dependencies hold (per-op
@@ -233,8 +234,8 @@ typedef struct {
     gboolean varied_blocks, module_forward, module_backward, hands_on;
     /* And whether a block's forward, recompute and backward ops, with the allocs and frees
      * around them, may be written in one pass each (zp_build_emit_block_kept and _backward):
-     * blocks alike and whole, below stage 3, without workspaces, selective recomputation,
-     * checkpoint boundaries' syncs, or checkpoints copied to the host or re-gathered. */
+     * blocks alike and whole, below stage 3, without workspaces, checkpoint boundaries'
+     * syncs, or checkpoints copied to the host or re-gathered. */
     gboolean blocks_direct;
     /* Likewise functions of the model and plan alone, asked per block op and per pipeline
      * exchange: a tensor-parallel sum's collectives (zp_build_tp_sum_shape), and whether a
@@ -282,16 +283,18 @@ uint32_t zp_build_emit_tp_chain(Builder *b, int chains, int unit, int micro, uin
 uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int micro,
                                 const Cost *cost, const uint32_t *deps, guint n_deps, int sums);
 /* A block's ops in one pass, where the build allows (Builder.blocks_direct; FALSE, with
- * nothing written, where they would pass max_ops): its forward or recompute (kind) with the
- * alloc of what it keeps (cat, bytes, its id into *buffer) after the last compute op and
- * into deps first; its backward after deps and the frees of its activations and checkpoint
- * (ckpt -1: none) after it. */
+ * nothing written, where they would pass max_ops): its forward or recompute (kind, `sums`
+ * tensor-parallel sums after it: none for selective recomputation's core attention) with the
+ * alloc of what it keeps (cat, bytes, its id into *buffer) after the last compute op first;
+ * its backward after deps and the frees of its activations, core attention's recomputed
+ * tensors and its checkpoint (core, ckpt -1: none) after it. */
 gboolean zp_build_emit_block_kept(Builder *b, ZpComputeKind kind, int unit, int micro,
                                   ZpMemCategory cat, double bytes, int *buffer,
-                                  const Cost *cost, GArray *deps);
+                                  const Cost *cost, int sums);
 gboolean zp_build_emit_block_backward(Builder *b, int unit, int micro, const Cost *cost,
                                       const uint32_t *deps, guint n_deps, double act_bytes,
-                                      int act, double ckpt_bytes, int ckpt);
+                                      int act, double core_bytes, int core, double ckpt_bytes,
+                                      int ckpt);
 /* A pipeline p2p op (ZpP2pKind dir) to stage `peer`, after the last compute op and the
  * collectives that op synchronises with (sync_deps, which stay). */
 uint32_t zp_build_emit_p2p(Builder *b, ZpP2pKind dir, int unit, int micro, uint32_t peer,

@@ -345,7 +345,7 @@ G_ALWAYS_INLINE static inline gboolean run_open(Builder *b, Run *r, guint n_ops,
                                                 guint64 most_deps)
 {
     ZpSchedule *s = b->s;
-    if (!((double)s->ops->len + (double)(n_ops - 1) < b->max_ops))
+    if ((guint64)s->ops->len + n_ops > b->ops_cap) /* an op at max_ops or past it */
         return FALSE;
     r->at = s->ops->len;
     r->op = zp_array_extend(s->ops, n_ops, sizeof(ZpOp), &b->ops_room);
@@ -366,8 +366,11 @@ G_ALWAYS_INLINE static inline uint32_t run_memory_op(Builder *b, Run *r, ZpOpKin
                                                      int micro, int buffer, uint32_t after)
 {
     ZpOp *op = r->op++;
-    *op = (ZpOp){.kind = (uint8_t)kind, .sub = (uint8_t)cat, .unit = unit, .micro = micro,
-                 .buffer = buffer, .bytes = bytes};
+    /* field by field over a cleared op, as run_block_op writes its compute op: an op built
+     * whole was built on the stack and copied (19 instructions an op) */
+    memset(op, 0, sizeof *op);
+    op->kind = (uint8_t)kind, op->sub = (uint8_t)cat;
+    op->unit = unit, op->micro = micro, op->buffer = buffer, op->bytes = bytes;
     uint32_t *dep = r->dep;
     if (after != NONE)
         *dep++ = after;
@@ -481,17 +484,17 @@ uint32_t zp_build_emit_block_op(Builder *b, ZpComputeKind kind, int unit, int mi
 }
 
 /* A block's forward or recompute in one run (Builder.blocks_direct): the alloc of what it
- * keeps (its checkpoint, or its activations) after the last compute op, into deps (the
- * step's, emptied), and the block op after it with its sums, as zp_build_emit_alloc and
- * zp_build_emit_block_op write them. In calls, a block's forward, recompute and backward
+ * keeps (its checkpoint, or its activations) after the last compute op, and the block op
+ * after it alone with its sums, as zp_build_emit_alloc and zp_build_emit_block_op write them
+ * (the step's deps, through which the emitters' path passes the alloc, are not written: the
+ * step's next position empties them before any use). In calls, a block's forward, recompute and backward
  * with their allocs and frees cost 2,300 instructions on Megatron 1T, its calls' prologues,
  * room checks and tests again for each op. */
 gboolean zp_build_emit_block_kept(Builder *b, ZpComputeKind kind, int unit, int micro,
                                   ZpMemCategory cat, double bytes, int *buffer,
-                                  const Cost *cost, GArray *deps)
+                                  const Cost *cost, int sums)
 {
     const ZpTpSum *t = &b->tp_sum;
-    const int sums = zp_build_block_tp_sums(b);
     const guint n_tp = (guint)(t->n * sums);
     Run r;
     if (!run_open(b, &r, 2 + n_tp, 2 + 1 + 1 + (guint64)b->n_sync + 1 + n_tp))
@@ -501,31 +504,35 @@ gboolean zp_build_emit_block_kept(Builder *b, ZpComputeKind kind, int unit, int 
     *buffer = b->next_buffer++;
     const uint32_t alloc =
         run_memory_op(b, &r, ZP_OP_ALLOC, cat, bytes, unit, micro, *buffer, b->last_compute);
-    zp_build_put_dep(b, deps, alloc);
     run_block_op(b, &r, kind, unit, micro, cost, &alloc, 1, t, sums);
     run_close(b, &r);
     return TRUE;
 }
 
 /* A block's backward in one run (Builder.blocks_direct): the block op after deps with its
- * sums, then the frees of its activations (act) and of its checkpoint (ckpt; -1: none), as
- * zp_build_emit_block_op and zp_build_emit_free write them. */
+ * sums, then the frees of its activations (act), of core attention's recomputed tensors
+ * (core; -1: none) and of its checkpoint (ckpt; -1: none), as zp_build_emit_block_op and
+ * zp_build_emit_free write them. */
 gboolean zp_build_emit_block_backward(Builder *b, int unit, int micro, const Cost *cost,
                                       const uint32_t *deps, guint n_deps, double act_bytes,
-                                      int act, double ckpt_bytes, int ckpt)
+                                      int act, double core_bytes, int core, double ckpt_bytes,
+                                      int ckpt)
 {
     const ZpTpSum *t = &b->tp_sum;
     const int sums = zp_build_block_tp_sums(b);
     const guint n_tp = (guint)(t->n * sums);
     Run r;
-    if (!run_open(b, &r, 2 + n_tp + (ckpt >= 0),
-                  1 + (guint64)n_deps + b->n_sync + 1 + n_tp + 2 + 2))
+    if (!run_open(b, &r, 2 + n_tp + (core >= 0) + (ckpt >= 0),
+                  1 + (guint64)n_deps + b->n_sync + 1 + n_tp + 3 * 2))
         return FALSE;
     if (n_tp > b->sync_deps->len)
         g_array_set_size(b->sync_deps, 2 * n_tp + 8);
     run_block_op(b, &r, ZP_COMP_BLOCK_BWD, unit, micro, cost, deps, n_deps, t, sums);
     run_memory_op(b, &r, ZP_OP_FREE, ZP_MEM_ACTIVATIONS, act_bytes, unit, micro, act,
                   b->last_compute);
+    if (core >= 0)
+        run_memory_op(b, &r, ZP_OP_FREE, ZP_MEM_ACTIVATIONS, core_bytes, unit, micro, core,
+                      b->last_compute);
     if (ckpt >= 0)
         run_memory_op(b, &r, ZP_OP_FREE, ZP_MEM_CHECKPOINTS, ckpt_bytes, unit, micro, ckpt,
                       b->last_compute);

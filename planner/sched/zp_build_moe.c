@@ -46,6 +46,9 @@ static gboolean after_backward(const Builder *b)
 ZpSchedExperts zp_sched_experts(const ZpSchedule *s)
 {
     ZpSchedExperts x = {0};
+    if (!zp_moe_enabled(&s->model.moe)) /* every unit's 0 (zp_impl_unit_expert_elems): no walk
+                                          * of the units, once a stage's optimizer */
+        return x;
     const uint64_t edp = edp_ranks(s);
     uint64_t partition3 = 0;
     for (int u = 0; u < s->n_units; u++) {

@@ -176,7 +176,8 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
                     b, ZP_COMP_BLOCK_FWD, l, micro,
                     ckpt ? ZP_MEM_CHECKPOINTS : ZP_MEM_ACTIVATIONS,
                     ckpt ? a->rule.gpu_bytes : a->act_bytes,
-                    zp_build_act_slot(b, ckpt ? a->ckpt : a->act, micro, l), &cost, deps)) {
+                    zp_build_act_slot(b, ckpt ? a->ckpt : a->act, micro, l), &cost,
+                    zp_build_block_tp_sums(b))) {
                 position_end(b, zp_pos_fwd(l), micro);
                 continue;
             }
@@ -294,6 +295,8 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
     const int L = (int)s->model.layers;
     const gboolean ckpt = s->plan.checkpoint;
     const gboolean direct = !reduce && blocks_direct(b, micro);
+    const gboolean selective = zp_build_selective(&s->plan);
+    const Cost core_cost = selective ? zp_build_recompute_cost(s) : (Cost){0};
     for (int l = MIN(r.hi - 1, L); l >= MAX(r.lo, 1); l--) {
         int *act = zp_build_act_slot(b, a->act, micro, l);
         const double act_bytes = unit_act_bytes(b, l, a);
@@ -304,7 +307,7 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (ckpt && direct) {
             const Cost cost = block_cost(b, l, ZP_COMP_BLOCK_FWD);
             written = zp_build_emit_block_kept(b, ZP_COMP_RECOMPUTE, l, micro, ZP_MEM_ACTIVATIONS,
-                                               act_bytes, act, &cost, deps);
+                                               act_bytes, act, &cost, zp_build_block_tp_sums(b));
         }
         if (ckpt && !written) {
             zp_build_checkpoint_boundary(b);
@@ -318,11 +321,15 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
                 zp_build_moe_forward(b, l, micro);
         }
         int core = -1; /* selective: core attention's recomputed tensors */
-        if (zp_build_selective(&s->plan)) {
+        if (selective && direct)
+            written = zp_build_emit_block_kept(b, ZP_COMP_RECOMPUTE, l, micro,
+                                               ZP_MEM_ACTIVATIONS, a->core_bytes, &core,
+                                               &core_cost, 0);
+        if (selective && !written) {
             uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_ACTIVATIONS, a->core_bytes, l, micro,
                                                  &core, &b->last_compute, 1);
             zp_build_put_dep(b, deps, alloc);
-            zp_build_emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, zp_build_recompute_cost(s),
+            zp_build_emit_compute(b, ZP_COMP_RECOMPUTE, l, micro, core_cost,
                                   (uint32_t *)deps->data, deps->len);
         }
         position_end(b, zp_pos_rec(L, l), micro);
@@ -335,11 +342,12 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (reduce) /* a bucket the experts' gradients do not fit (ZP_LAUNCH_EXPERTS) */
             zp_build_launch_buckets(b, l, ZP_LAUNCH_EXPERTS, micro, launched);
         const Cost cost = block_cost(b, l, ZP_COMP_BLOCK_BWD);
-        /* blocks_direct: no experts' buffer returned, no core attention's, no re-gathered
-         * checkpoint, no boundary's syncs */
+        /* blocks_direct: no experts' buffer returned, no re-gathered checkpoint, no
+         * boundary's syncs */
         if (!(direct &&
               zp_build_emit_block_backward(b, l, micro, &cost, (uint32_t *)deps->data, deps->len,
-                                           act_bytes, *act, a->rule.gpu_bytes,
+                                           act_bytes, *act, a->core_bytes, core,
+                                           a->rule.gpu_bytes,
                                            ckpt ? *zp_build_act_slot(b, a->ckpt, micro, l)
                                                 : -1))) {
             block_compute(b, ZP_COMP_BLOCK_BWD, l, micro, pos, cost, deps,

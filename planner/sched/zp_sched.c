@@ -404,6 +404,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         b.ops_room = zp_array_reserve_huge(s->ops, (guint64)want);
         b.deps_room = zp_array_reserve_huge(s->deps, (guint64)want);
     }
+    b.ops_cap = b.max_ops > 0 ? (uint64_t)ceil(b.max_ops) : 0; /* max_ops: 5e7 at most */
     b.varied_blocks = zp_moe_enabled(&s->model.moe) || zp_mla_enabled(&s->model.mla);
     b.module_forward = zp_impl_module_compute(s);
     b.module_backward = zp_impl_module_backward(s);
@@ -435,7 +436,6 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                      zp_zeror_checkpoint(model, plan), zp_mem_core_attention_bytes(model, plan)};
     b.blocks_direct = !b.varied_blocks && !b.module_forward && !b.module_backward &&
                       plan->zero.stage != 3 && !plan->backend_workspace &&
-                      !zp_build_selective(plan) &&
                       (!plan->checkpoint || (!plan->ckpt.synchronize_checkpoint_boundary &&
                                              !(a.rule.copy_bytes > 0) && !a.rule.regathered &&
                                              a.rule.gpu_bytes > 0));
