@@ -6,6 +6,7 @@
 #include "zp_cost_kernels.h"
 #include "zp_ep.h"
 #include "zp_impl.h"
+#include "zp_pipe.h"
 #include "zp_plan.h"
 #include "zp_sched_graph.h"
 #include "zp_util.h"
@@ -244,6 +245,9 @@ typedef struct {
     ZpTpSum tp_sum;
     gboolean p2p_scatter_gather;
     uint64_t send_elems; /* what each pipeline send moves (zp_build_send_elems) */
+    /* A pipeline's actions written again from the last of their kind (zp_build_replay.c);
+     * NULL without a pipeline. */
+    struct ZpReplay *replay;
 } Builder;
 
 
@@ -484,6 +488,23 @@ void zp_build_tied_sync(Builder *b, const GArray *after);
 /* After stage 0 of `stages`: the op and dependency arrays' room for all of them (at most
  * max_ops ops), over huge pages. */
 void zp_build_pipe_reserve(Builder *b, int stages);
+
+/* ---- zp_build_replay.c ---- */
+
+/* A pipeline stage's actions, each a micro-batch's forward or backward of a chunk, written
+ * again from the last one of their kind (chunk, backward) that was built op by op: its ops
+ * copied, their micro-step, allocated buffers, dependencies and sends moved on, where the
+ * builder reads nothing else for it that differs between micro-batches and finds the same
+ * shape on entry (the same dependencies NONE, as many synchronised collectives). */
+typedef struct ZpReplay ZpReplay;
+ZpReplay *zp_build_replay_new(int vstages);
+void zp_build_replay_free(ZpReplay *r);
+/* A stage's first action: the templates are another stage's. */
+void zp_build_replay_reset(ZpReplay *r, const Builder *b);
+/* Writes action x from its template and returns TRUE; FALSE where it must be built op by op,
+ * after which zp_build_replay_record makes the template of it where it may. */
+gboolean zp_build_replay(ZpReplay *r, Builder *b, Activations *a, const ZpPipeAction *x);
+void zp_build_replay_record(ZpReplay *r, Builder *b, Activations *a, const ZpPipeAction *x);
 
 /* ---- zp_build_optimizer.c ---- */
 

@@ -282,11 +282,19 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
         g_array_append_val(actions, f);
         g_array_append_val(actions, w);
     }
-    for (guint i = 0; i < actions->len; i++)
-        run_action(b, &g_array_index(actions, ZpPipeAction, i),
+    if (b->replay)
+        zp_build_replay_reset(b->replay, b);
+    for (guint i = 0; i < actions->len; i++) {
+        const ZpPipeAction *x = &g_array_index(actions, ZpPipeAction, i);
+        if (b->replay && zp_build_replay(b->replay, b, a, x))
+            continue;
+        run_action(b, x,
                    i + 1 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 1) : NULL,
                    i + 2 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 2) : NULL, a,
                    deps, launched);
+        if (b->replay)
+            zp_build_replay_record(b->replay, b, a, x);
+    }
     g_array_unref(actions);
     if (!b->impl->tied_sync_after_reduction)
         zp_build_tied_sync(b, NULL);
@@ -330,7 +338,8 @@ static void link_sends(Builder *b)
     }
 }
 
-ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
+static ZpSchedule *build(const ZpModel *model, const ZpPlan *plan, gboolean replay,
+                         GError **error)
 {
     ZpPlan normalized = *plan;
     zp_impl_normalize_plan(&normalized);
@@ -439,6 +448,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
                       (!plan->checkpoint || (!plan->ckpt.synchronize_checkpoint_boundary &&
                                              !(a.rule.copy_bytes > 0) && !a.rule.regathered &&
                                              a.rule.gpu_bytes > 0));
+    b.replay = replay && P > 1 ? zp_build_replay_new(zp_plan_vstages(plan)) : NULL;
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     b.step_deps = deps, b.step_deps_room = 0; /* zp_build_put_dep */
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));
@@ -477,6 +487,7 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
     g_free(b.secondary);
     g_free(b.secondary_op);
     g_array_unref(b.cross);
+    zp_build_replay_free(b.replay);
     g_array_unref(b.offloaded);
     if (b.launch_copies)
         g_array_unref(b.launch_copies);
@@ -492,6 +503,16 @@ ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **er
         return NULL;
     }
     return s;
+}
+
+ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
+{
+    return build(model, plan, TRUE, error);
+}
+
+ZpSchedule *zp_sched_build_op_by_op(const ZpModel *model, const ZpPlan *plan, GError **error)
+{
+    return build(model, plan, FALSE, error);
 }
 
 /* As zp_build_layout pads them, from the three unit sizes (the blocks are identical) instead of a
