@@ -65,11 +65,14 @@ static uint64_t held_elems(const Builder *b, int unit)
 static void place_units(ZpSchedule *s)
 {
     const uint64_t dp = (uint64_t)s->plan.dp;
+    const gboolean stage3 = s->plan.zero.stage == 3;
     uint64_t offset = 0, partition3 = 0;
     for (int u = 0; u < s->n_units; u++) {
         s->unit_offset[u] = offset;
         offset += s->unit_elems[u];
-        partition3 += zp_sched_unit_padded(s, u) / dp;
+        if (stage3) /* stage 3's partition alone: a call a unit, and a division, each stage's
+                     * layout (Megatron 1T: 8,320 of them) */
+            partition3 += zp_sched_unit_padded(s, u) / dp;
     }
     s->total_elems = offset;
     s->padded_elems = zp_mem_padded_elems(offset, dp);
@@ -77,7 +80,7 @@ static void place_units(ZpSchedule *s)
     const ZpImpl *impl = zp_impl_get(s->plan.impl);
     if (impl->flat_elems && s->plan.zero.stage != 3)
         s->padded_elems = impl->flat_elems(s);
-    s->partition_elems = s->plan.zero.stage == 3 ? partition3 : s->padded_elems / dp;
+    s->partition_elems = stage3 ? partition3 : s->padded_elems / dp;
 }
 
 double zp_sched_gathered_elems(const ZpModel *model, const ZpPlan *plan)
