@@ -216,6 +216,15 @@ static gboolean find_stages(SimFold *f, const Sim *sim)
     if (runs)
         start[stage] = 0;
     for (uint32_t i = 1; i < n_ops; i++) {
+        /* Eight ops a branch while they stay on the open run's stage: 7 instructions an op
+         * (one compare and branch each) were 0.92 M of Megatron 1T's evaluation. */
+        for (const SimOp *o = &ops[i]; i + 8 <= n_ops; o += 8, i += 8)
+            if (((o[0].stage ^ stage) | (o[1].stage ^ stage) | (o[2].stage ^ stage) |
+                 (o[3].stage ^ stage) | (o[4].stage ^ stage) | (o[5].stage ^ stage) |
+                 (o[6].stage ^ stage) | (o[7].stage ^ stage)) != 0)
+                break;
+        if (i >= n_ops)
+            break;
         const uint16_t next = ops[i].stage;
         if (G_LIKELY(next == stage))
             continue;

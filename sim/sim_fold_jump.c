@@ -1,6 +1,7 @@
 /* sim_fold_jump: the fold's jump: the ops that repeat, the walk over the state that takes a
  * snapshot and writes the state periods on, the sums replayed (sim_fold.c says why it is exact). */
 #include "sim_fold_jump.h"
+#include "zp_u64map.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -440,14 +441,18 @@ static void snap_counters(Walk *w, Sim *sim)
 
 void sim_jump_capture_first(SimFold *f, Sim *sim, Snap *snap)
 {
-    vec_grow(&snap->first, 1 + 3 * (size_t)sim->ranks);
-    vec_double(&snap->first, snap->now_s);
+    /* Written in place, room made once: a push each (its length stored back every time, as
+     * the stores could alias it) cost some 16 instructions a value. */
+    const size_t n = 1 + 3 * (size_t)sim->ranks;
+    vec_grow(&snap->first, n);
+    double *d = snap->first.d + snap->first.len;
+    *d++ = snap->now_s;
     for (uint32_t r = 0; r < sim->ranks; r++) {
         const RankState *rs = &sim->rank[r];
-        vec_double(&snap->first, rs->mark_s);
-        vec_double(&snap->first, rs->end_s);
-        vec_double(&snap->first, rs->flush_s);
+        d[0] = rs->mark_s, d[1] = rs->end_s, d[2] = rs->flush_s;
+        d += 3;
     }
+    snap->first.len += n;
     snap->note_at = f->notes_base + f->notes.len;
     snap->epoch = f->epoch;
 }
@@ -542,21 +547,23 @@ static inline gboolean is_negative_zero(double x)
     return x == 0 && signbit(x);
 }
 
-/* The notes' sums, each note's group in group_of[k]. */
+/* The notes' sums, each note's group in group_of[k]. The index is zp_u64map's open table,
+ * its probe inlined: GHashTable's lookup and insert cost about 115 instructions a note
+ * (Megatron 1T's jump: 4,758 notes of 840 sums, 0.55 M of its replay's 0.97 M). */
 static GArray *sum_groups(const Note *v, size_t n, uint32_t *group_of)
 {
-    GHashTable *index = g_hash_table_new(g_direct_hash, g_direct_equal); /* field -> 1 + group */
+    ZpU64Map index; /* field -> 1 + group */
+    zp_u64map_init(&index, 64);
     GArray *groups = g_array_new(FALSE, FALSE, sizeof(SumGroup));
     for (size_t k = 0; k < n; k++) {
-        guint g = GPOINTER_TO_UINT(g_hash_table_lookup(index, v[k].field));
-        if (g == 0) {
+        uint64_t *g = zp_u64map_at(&index, (uint64_t)(uintptr_t)v[k].field, 0);
+        if (*g == 0) {
             const SumGroup fresh = {.field = v[k].field, .exact = TRUE, .negative_zeros = TRUE};
             g_array_append_val(groups, fresh);
-            g = groups->len;
-            g_hash_table_insert(index, v[k].field, GUINT_TO_POINTER(g));
+            *g = groups->len;
         }
-        group_of[k] = g - 1;
-        SumGroup *sg = &g_array_index(groups, SumGroup, g - 1);
+        group_of[k] = (uint32_t)*g - 1;
+        SumGroup *sg = &g_array_index(groups, SumGroup, group_of[k]);
         sg->negative_zeros = sg->negative_zeros && is_negative_zero(v[k].x);
         int64_t units;
         if (sg->exact && grid_units(v[k].x, &units)) {
@@ -567,7 +574,7 @@ static GArray *sum_groups(const Note *v, size_t n, uint32_t *group_of)
             sg->exact = FALSE;
         }
     }
-    g_hash_table_destroy(index);
+    zp_u64map_free(&index);
     return groups;
 }
 
