@@ -547,23 +547,26 @@ static inline gboolean is_negative_zero(double x)
     return x == 0 && signbit(x);
 }
 
-/* The notes' sums, each note's group in group_of[k]. The index is zp_u64map's open table,
- * its probe inlined: GHashTable's lookup and insert cost about 115 instructions a note
- * (Megatron 1T's jump: 4,758 notes of 840 sums, 0.55 M of its replay's 0.97 M). */
-static GArray *sum_groups(const Note *v, size_t n, uint32_t *group_of)
+/* The notes' sums (at most n: room for them made once, where a GArray's append took 104
+ * instructions a sum), each note's group in group_of[k], their count in *n_groups. The index
+ * is zp_u64map's open table, its probe inlined: GHashTable's lookup and insert cost about 115
+ * instructions a note (Megatron 1T's jump: 4,758 notes of 840 sums, 0.55 M of its replay's
+ * 0.97 M). */
+static SumGroup *sum_groups(const Note *v, size_t n, uint32_t *group_of, size_t *n_groups)
 {
     ZpU64Map index; /* field -> 1 + group */
-    zp_u64map_init(&index, 64);
-    GArray *groups = g_array_new(FALSE, FALSE, sizeof(SumGroup));
+    zp_u64map_init(&index, MIN(n, 4096));
+    SumGroup *groups = g_new(SumGroup, n);
+    size_t len = 0;
     for (size_t k = 0; k < n; k++) {
         uint64_t *g = zp_u64map_at(&index, (uint64_t)(uintptr_t)v[k].field, 0);
         if (*g == 0) {
-            const SumGroup fresh = {.field = v[k].field, .exact = TRUE, .negative_zeros = TRUE};
-            g_array_append_val(groups, fresh);
-            *g = groups->len;
+            groups[len++] =
+                (SumGroup){.field = v[k].field, .exact = TRUE, .negative_zeros = TRUE};
+            *g = len;
         }
         group_of[k] = (uint32_t)*g - 1;
-        SumGroup *sg = &g_array_index(groups, SumGroup, group_of[k]);
+        SumGroup *sg = &groups[group_of[k]];
         sg->negative_zeros = sg->negative_zeros && is_negative_zero(v[k].x);
         int64_t units;
         if (sg->exact && grid_units(v[k].x, &units)) {
@@ -575,6 +578,7 @@ static GArray *sum_groups(const Note *v, size_t n, uint32_t *group_of)
         }
     }
     zp_u64map_free(&index);
+    *n_groups = len;
     return groups;
 }
 
@@ -604,8 +608,9 @@ void sim_jump_replay_sums(const Note *v, size_t n, uint64_t times)
 {
     if (times == 0 || n == 0)
         return;
-    /* Grouping the notes by sum costs about 40 instructions a note (its hash lookups), adding
-     * them about 2.5 a note and period: a jump of fewer periods adds them one by one
+    /* Grouping the notes by sum costs about 90 instructions a note (Megatron 1T's jump: 4,758
+     * notes in 0.42 M), adding them about 2.5 a note and period: a jump of fewer periods adds
+     * them one by one
      * (narayanan21-t1-529.6b's group jump, 3 periods of some 280,000 notes; grouped, its
      * earlier jumps inside groups of 2 or 3 periods took 60 M -> 76 M instructions), one of
      * more groups them (its jumps inside groups now, 43 periods of 1,330 notes: 5.21 M ->
@@ -617,10 +622,10 @@ void sim_jump_replay_sums(const Note *v, size_t n, uint64_t times)
         return;
     }
     uint32_t *group_of = g_new(uint32_t, n);
-    GArray *groups = sum_groups(v, n, group_of);
-    SumGroup *gs = (SumGroup *)(void *)groups->data;
+    size_t n_groups;
+    SumGroup *gs = sum_groups(v, n, group_of, &n_groups);
     gboolean one_by_one = FALSE;
-    for (guint g = 0; g < groups->len; g++) {
+    for (size_t g = 0; g < n_groups; g++) {
         gs[g].exact = sum_exactly(&gs[g], times);
         one_by_one = one_by_one || !gs[g].exact;
     }
@@ -629,7 +634,7 @@ void sim_jump_replay_sums(const Note *v, size_t n, uint64_t times)
             if (!gs[group_of[k]].exact)
                 *v[k].field += v[k].x;
     g_free(group_of);
-    g_array_free(groups, TRUE);
+    g_free(gs);
 }
 
 /* Replays the notes of [from, to) for the skipped periods first, first + stride, .. up to
