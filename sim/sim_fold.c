@@ -430,12 +430,6 @@ static void notes_drop(SimFold *f, Sim *sim)
     g_hash_table_remove_all(f->snaps);
 }
 
-void sim_fold_note_add(Sim *sim, double *field, double x)
-{
-    const Note n = {NOTE_ADD, field, 0, x};
-    note_push(&sim->fold->notes, n);
-}
-
 void sim_fold_note_cell(Sim *sim, double *array, size_t at, double value)
 {
     const Note n = {NOTE_CELL, array, at, value};

@@ -4,6 +4,7 @@
 #define SIM_FOLD_H
 
 #include "sim_engine_internal.h"
+#include "sim_fold_jump.h"
 
 #include <glib.h>
 #include <stdint.h>
@@ -21,8 +22,13 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report);
 void sim_fold_boundary(SimFold *fold, Sim *sim, double now_s);
 
 /* sim_engine.c's hooks while a reference period is recorded (Sim.fold_recording): an output
- * sum `field` grew by x; a timeline cell written. */
-void sim_fold_note_add(Sim *sim, double *field, double x);
+ * sum `field` grew by x; a timeline cell written. The sums' hook is inline in the engine: a
+ * call each cost 26 instructions, 3.6 M of narayanan21-t1-529.6b's 329 M (139,254 notes). */
+static inline void sim_fold_note_add(Sim *sim, double *field, double x)
+{
+    const Note n = {NOTE_ADD, field, 0, x};
+    note_push(&sim->fold->notes, n);
+}
 void sim_fold_note_cell(Sim *sim, double *array, size_t at, double value);
 void sim_fold_note_rank(Sim *sim, size_t at, uint32_t rank);
 
