@@ -460,10 +460,13 @@ void sim_jump_capture_first(SimFold *f, Sim *sim, Snap *snap)
 void sim_jump_capture(SimFold *f, Sim *sim, Snap *snap)
 {
     snap->full = TRUE;
-    /* Room for what the last snapshot held: one allocation each, not a dozen doublings. */
-    vec_grow(&snap->d, f->sizes[0]);
-    vec_grow(&snap->i, f->sizes[1]);
-    vec_grow(&snap->refs, f->sizes[2]);
+    /* Room for what the last snapshot held: one allocation each, not a dozen doublings (the
+     * bytes' and peaks' places too: theirs were 411 reallocs, 0.76 M instructions, over
+     * narayanan21-t1-529.6b's 67 snapshots). */
+    Vec *const parts[] = {&snap->d, &snap->i, &snap->refs, &snap->bytes, &snap->peaks};
+    G_STATIC_ASSERT(G_N_ELEMENTS(parts) == G_N_ELEMENTS(f->sizes));
+    for (size_t k = 0; k < G_N_ELEMENTS(parts); k++)
+        vec_grow(parts[k], f->sizes[k]);
     Walk w = {.snap = snap, .f = f, .sim = sim};
     vec_double(&snap->d, snap->now_s);
     walk_ranks(&w, sim);
@@ -475,9 +478,8 @@ void sim_jump_capture(SimFold *f, Sim *sim, Snap *snap)
     snap_counters(&w, sim);
     snap->note_at = f->notes_base + f->notes.len;
     snap->epoch = f->epoch;
-    f->sizes[0] = snap->d.len;
-    f->sizes[1] = snap->i.len;
-    f->sizes[2] = snap->refs.len;
+    for (size_t k = 0; k < G_N_ELEMENTS(parts); k++)
+        f->sizes[k] = parts[k]->len;
 }
 
 /* ---- the jump ---- */

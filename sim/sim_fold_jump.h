@@ -90,7 +90,7 @@ struct SimFold {
      * blocked_stage, which does not repeat: not tried again until that stage's window is past
      * it (UINT32_MAX: not blocked). */
     uint32_t blocked_at[MAX_SHIFTS], blocked_stage[MAX_SHIFTS];
-    size_t sizes[3];       /* the last snapshot's doubles, integers, references */
+    size_t sizes[5];       /* the last snapshot's doubles, integers, references, bytes, peaks */
     GHashTable *snaps;     /* sim_fold.c's snap_key -> Snap */
     int64_t *steps;        /* [stage]: the ops a moving reference moves by a period */
     NoteLog notes;
