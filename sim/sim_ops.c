@@ -250,8 +250,10 @@ static inline void place_dependent(Dependent *list, DepCursor *cursor, const uin
                     offsetof(Dependent, stream) == 6 && offsetof(Dependent, counted) == 7);
     const uint64_t word = i | (uint64_t)dependent.stage << 32 |
                           (uint64_t)dependent.stream << 48 | (uint64_t)1 << 56;
-    for (uint32_t d = 0; d < n_deps; d++)
-        memcpy(&list[cursor[all_deps[first + d]].rest++], &word, sizeof word);
+    /* By pointer: each dependency's place made from `first + d`, one instruction more a
+     * dependency (0.17 M of Megatron 1T's instructions) */
+    for (const uint32_t *d = &all_deps[first], *const end = d + n_deps; d < end; d++)
+        memcpy(&list[cursor[*d].rest++], &word, sizeof word);
 }
 
 /* Each class's streams, linked in op order: SimOp.stream_next the op after it on its class's
@@ -345,7 +347,10 @@ void sim_ops_stream_places(Sim *sim)
 static inline void place_all(Sim *sim, Dependent *list, DepCursor *cursor,
                              const uint32_t *dep_start, StreamLinks *links)
 {
-    const uint32_t *all_deps = (const uint32_t *)sim->sched->deps->data;
+    /* Never NULL (an empty GArray's data), so that place_dependent may point into it */
+    static const uint32_t no_deps[1];
+    const uint32_t *all_deps =
+        sim->sched->deps->data ? (const uint32_t *)sim->sched->deps->data : no_deps;
     const uint32_t n_ops = sim->n_ops;
     SimOp *ops = sim->ops;
     uint32_t packed_start = 0;
