@@ -520,10 +520,15 @@ G_ALWAYS_INLINE static inline void start_flow_as(Sim *sim, const Path path, Flow
          * for that one member, in the same order, without their setup (the loop, the walk
          * for a loaded member). A load above 1 on its link is another flow at that member,
          * which reshare_neighbours would walk from member 0; active_on_link counts both, so
-         * it is above 1 too and need not be asked. */
+         * it is above 1 too and need not be asked. A flow alone on its link
+         * (Flow.alone_on_link) would take its member's load from 0 to 1 and back, walking
+         * nothing, and no decision reads active_on_link where every flow has one member: its
+         * load is not kept. The fold compares both between periods: the flows in flight it
+         * compares too, their ops alike (sim_fold_jump.c, same_op: transfer_s), so the
+         * loads left out are the same at either end and its decisions are as with them. */
         const uint32_t m = member[0];
         member_starts(sim, path, f, m, last, now_s);
-        if (op->transfer_s > 0) {
+        if (!f->alone_on_link && op->transfer_s > 0) {
             uint16_t *load = &sim->link_load[m * SIM_LINK_N + op->link];
             sim->active_on_link[op->link]++;
             if (++*load > 1)
@@ -761,7 +766,7 @@ G_ALWAYS_INLINE static inline void finish_flow_as(Sim *sim, const Path path, uin
          * which reshare_neighbours would walk from member 0 (active_on_link, counting it,
          * is above 0 then). */
         const uint32_t m = member[0];
-        if (op->transfer_s > 0) {
+        if (!f->alone_on_link && op->transfer_s > 0) {
             uint16_t *load = &sim->link_load[m * SIM_LINK_N + op->link];
             sim->active_on_link[op->link]--;
             if (--*load > 0)

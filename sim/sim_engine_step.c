@@ -27,6 +27,7 @@ static void sim_clear(Sim *sim)
     g_free(sim->stage_ranks);
     g_free(sim->peer);
     g_free(sim->slot_of);
+    g_free(sim->link_alone);
     g_free(sim->members);
     g_free(sim->rows);
     g_free(sim->countdown);

@@ -129,16 +129,31 @@ static inline gboolean check_kind(const ZpOp *op, uint8_t kind, const OpLimits *
     return TRUE; /* each dependency's range: count_dependents, in the same pass */
 }
 
+/* The streams on which each group of each stage runs collectives: bit `stream` of
+ * pairs[stage % LINK_STAGES][group], noted by count_pass (check_op). A group and stream alone
+ * among those of its stage on its group's link (links_alone) share that link with no other
+ * flow at a rank that runs the stage alone (Flow.alone_on_link). Stages LINK_STAGES apart
+ * share a row, and a collective without a transfer (which loads no link) is noted too: either
+ * can only keep a pair from being alone. Noted where a collective's memo missed in the costing
+ * pass, or for every collective there, that pass's registers spilled: 0.9-1.5 M more of
+ * Megatron 1T's instructions. */
+#define LINK_STAGES 128
+typedef uint8_t LinkPairs[LINK_STAGES][ZP_SCHED_MAX_GROUPS];
+
 /* check_kind for each kind, its tests by kind known in each case: where they asked the kind
  * again, 1.08 M more of Megatron 1T's instructions, 2.20 M of narayanan21-t1-529.6b's. */
 static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, uint64_t dep_end,
-                                gboolean figures, GError **error)
+                                gboolean figures, LinkPairs pairs, GError **error)
 {
     switch (op->kind) {
     case ZP_OP_COMPUTE:
         return check_kind(op, ZP_OP_COMPUTE, l, i, dep_end, figures, error);
     case ZP_OP_COLLECTIVE:
-        return check_kind(op, ZP_OP_COLLECTIVE, l, i, dep_end, figures, error);
+        if (!check_kind(op, ZP_OP_COLLECTIVE, l, i, dep_end, figures, error))
+            return FALSE;
+        /* Its stage, group and stream in range; noted where its kind is known already */
+        pairs[op->stage % LINK_STAGES][op->group] |= (uint8_t)(1u << op->stream);
+        return TRUE;
     case ZP_OP_ALLOC:
         return check_kind(op, ZP_OP_ALLOC, l, i, dep_end, figures, error);
     case ZP_OP_FREE:
@@ -497,6 +512,32 @@ static gboolean compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
     return TRUE;
 }
 
+/* Sim.link_alone from count_pass's LinkPairs (freed here), group_link each group's link;
+ * NULL where ops run in line (streams_in_line moves them after count_pass). */
+static void links_alone(Sim *sim, uint8_t *pairs, const uint8_t *group_link, gboolean in_line)
+{
+    const LinkPairs *const pair = (const LinkPairs *)pairs;
+    const uint32_t n_groups = sim->n_groups;
+    sim->link_alone = in_line ? NULL
+                              : g_new0(uint8_t, (gsize)sim->sim_pp * MAX(n_groups, 1) *
+                                                    ZP_STREAM_N);
+    for (uint32_t k = 0; sim->link_alone && k < sim->sim_pp; k++) {
+        const uint8_t *streams = (*pair)[k % LINK_STAGES];
+        for (uint32_t g = 0; g < n_groups; g++) {
+            if (__builtin_popcount(streams[g]) != 1)
+                continue;
+            gboolean alone = TRUE;
+            for (uint32_t other = 0; other < n_groups; other++)
+                if (other != g && streams[other] && group_link[other] == group_link[g])
+                    alone = FALSE;
+            if (alone)
+                sim->link_alone[((size_t)k * n_groups + g) * ZP_STREAM_N +
+                                (uint32_t)__builtin_ctz(streams[g])] = 1;
+        }
+    }
+    g_free(pairs);
+}
+
 /* A collective's cost and bytes sent at one size. */
 typedef struct {
     double bytes, sent;
@@ -565,16 +606,16 @@ typedef struct {
 
 /* Checks op i and counts it as a dependent (count_dependents, `zeroed` as there). */
 static inline gboolean count_op(CountState *c, const OpLimits *limits, uint32_t i,
-                                gboolean zeroed, GError **error)
+                                gboolean zeroed, LinkPairs pairs, GError **error)
 {
     const ZpOp *op = &c->zops[i];
     if (!zeroed)
         c->cursor[i] = (DepCursor){0, 0};
     const uint64_t dep_end = (uint64_t)op->dep_start + op->n_deps;
-    if (!check_op(op, limits, i, dep_end, FALSE, NULL)) {
+    if (!check_op(op, limits, i, dep_end, FALSE, pairs, NULL)) {
         /* The fault the whole check finds first (a compute op's figures before its
          * dependencies' range) */
-        check_op(op, limits, i, dep_end, TRUE, error);
+        check_op(op, limits, i, dep_end, TRUE, pairs, error);
         return FALSE;
     }
     if (!count_dependents(limits->n_ops, c->zops, c->all_deps, op, i, c->cursor, zeroed,
@@ -614,14 +655,17 @@ static void streams_in_line(Sim *sim, uint32_t n)
  * whether an op depended on a later one, its op's address made again from i (about 10
  * instructions an op). */
 static G_GNUC_NO_INLINE uint32_t count_zeroed(CountState *state, const OpLimits *limits,
-                                              uint32_t i, GError **error)
+                                              uint32_t i, LinkPairs pairs_io, GError **error)
 {
     CountState c = *state;
     const OpLimits l = *limits; /* on the stack: through the pointer, it was loaded again */
+    LinkPairs pairs; /* a local: through the pointer, each store may alias the rest */
+    memcpy(pairs, pairs_io, sizeof pairs);
     for (; i < l.n_ops; i++)
-        if (!count_op(&c, &l, i, TRUE, error))
+        if (!count_op(&c, &l, i, TRUE, pairs, error))
             break;
     *state = c;
+    memcpy(pairs_io, pairs, sizeof pairs);
     return i;
 }
 
@@ -635,8 +679,10 @@ static G_GNUC_NO_INLINE uint32_t count_zeroed(CountState *state, const OpLimits 
  * sim_ops_build with count_op's second check_op (a fault's), it spilled more, 0.5 M. */
 static G_GNUC_NO_INLINE uint32_t count_pass(const Sim *sim, const OpLimits *limits,
                                             DepCursor *cursor, uint32_t **dep_start_out,
-                                            GError **error)
+                                            uint8_t **pairs_out, GError **error)
 {
+    LinkPairs pairs;
+    memset(pairs, 0, sizeof pairs);
     CountState c = {.zops = (const ZpOp *)sim->sched->ops->data,
                     .all_deps = (const uint32_t *)sim->sched->deps->data, .cursor = cursor};
     const uint32_t n_ops = limits->n_ops;
@@ -646,11 +692,12 @@ static G_GNUC_NO_INLINE uint32_t count_pass(const Sim *sim, const OpLimits *limi
      * dependency whether it lies ahead; from then on neither: a pipeline's first backward
      * depends on the next stage's send (Megatron 1T's op 705 of 130,674 on op 2,765). */
     for (; i < n_ops && !c.ahead; i++)
-        if (!(ok = count_op(&c, limits, i, FALSE, error)))
+        if (!(ok = count_op(&c, limits, i, FALSE, pairs, error)))
             break;
     if (ok && i < n_ops)
-        i = count_zeroed(&c, limits, i, error);
+        i = count_zeroed(&c, limits, i, pairs, error);
     *dep_start_out = c.dep_start;
+    *pairs_out = g_memdup2(pairs, sizeof pairs);
     return i;
 }
 
@@ -709,7 +756,9 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     /* The first op at fault, as the one pass that did both found it: a check's fault
      * reported only where no op before it failed its costing. */
     GError *check_error = NULL;
-    const uint32_t n_checked = count_pass(sim, &limits, cursor, &dep_start, &check_error);
+    uint8_t *link_pairs; /* LinkPairs */
+    const uint32_t n_checked =
+        count_pass(sim, &limits, cursor, &dep_start, &link_pairs, &check_error);
     gboolean ok = TRUE;
     /* Where the next op's dependents start: each op's list is opened here, count_pass having
      * counted them all, where build_dependents' pass opened it (and where an op depended
@@ -826,6 +875,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     if (in_line)
         streams_in_line(sim, n_checked);
     g_free(recent);
+    links_alone(sim, link_pairs, group_link, in_line);
     sim_sums_end(&sums, sim, result);
     if (ok && check_error) {
         g_propagate_error(error, check_error);
