@@ -120,10 +120,9 @@ typedef struct {
     uint32_t copies;
     gboolean active;
     uint8_t per_row; /* its communicator's groups each lie in one row (Sim.per_row) */
-    /* Its member alone (one rank a stage) and its group and stream the only ones of that
-     * stage to run collectives over its link (Sim.link_alone): no other flow shares the link
-     * with it, so start_flow and finish_flow keep no load for it (link_load,
-     * active_on_link). */
+    /* Its member alone (one rank a stage) and its group and stream the only ones to run
+     * collectives over its link (Sim.link_alone): no other flow shares the link with it, so
+     * start_flow and finish_flow keep no load for it (link_load, active_on_link). */
     uint8_t alone_on_link;
     double start_s;
     double transfer_from_s; /* when the transfer began, or was last brought up to date */
@@ -263,9 +262,9 @@ typedef struct {
     uint32_t collective_groups; /* bit g: a collective runs over communicator g (sim_ops.c) */
     uint32_t *slot_of;
     uint32_t *members;
-    /* [(stage * n_groups + g) * ZP_STREAM_N + stream]: whether g's collectives on that stream
-     * are the only collectives of the stage over g's link (sim_ops.c, links_alone), or NULL.
-     * Read by sim_ranks_build_flows for flows of one rank alone (Flow.alone_on_link). */
+    /* [g * ZP_STREAM_N + stream]: whether g's collectives on that stream are the only
+     * collectives over g's link (sim_ops.c, links_alone), or NULL. Read by
+     * sim_ranks_build_flows for flows of one rank alone (Flow.alone_on_link). */
     uint8_t *link_alone;
     /* Dependencies not yet done, op-major so that a group's members, stepping in lockstep
      * through the same ops, count down adjacent bytes: [row * ranks + rank], one byte each.

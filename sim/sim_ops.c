@@ -129,16 +129,15 @@ static inline gboolean check_kind(const ZpOp *op, uint8_t kind, const OpLimits *
     return TRUE; /* each dependency's range: count_dependents, in the same pass */
 }
 
-/* The streams on which each group of each stage runs collectives: bit `stream` of
- * pairs[stage % LINK_STAGES][group], noted by count_pass (check_op). A group and stream alone
- * among those of its stage on its group's link (links_alone) share that link with no other
- * flow at a rank that runs the stage alone (Flow.alone_on_link). Stages LINK_STAGES apart
- * share a row, and a collective without a transfer (which loads no link) is noted too: either
- * can only keep a pair from being alone. Noted where a collective's memo missed in the costing
- * pass, or for every collective there, that pass's registers spilled: 0.9-1.5 M more of
- * Megatron 1T's instructions. */
-#define LINK_STAGES 128
-typedef uint8_t LinkPairs[LINK_STAGES][ZP_SCHED_MAX_GROUPS];
+/* The streams on which each group runs collectives: bit `stream` of pairs[group], noted by
+ * count_pass (check_op). A group and stream alone among those of every group on its group's
+ * link (links_alone) share that link with no other flow at a rank that runs a stage alone
+ * (Flow.alone_on_link). Over all stages, and a collective without a transfer (which loads no
+ * link) noted too: either can only keep a pair from being alone. By stage (a row for each of
+ * 128, stages 128 apart sharing one), count_pass's were 0.35 M more of Megatron 1T's
+ * instructions; noted in the costing pass, where a collective's memo missed or for every
+ * collective, that pass's registers spilled, 0.9-1.5 M more. */
+typedef uint8_t LinkPairs[ZP_SCHED_MAX_GROUPS];
 
 /* check_kind for each kind, its tests by kind known in each case: where they asked the kind
  * again, 1.08 M more of Megatron 1T's instructions, 2.20 M of narayanan21-t1-529.6b's. */
@@ -152,7 +151,7 @@ static inline gboolean check_op(const ZpOp *op, const OpLimits *l, uint32_t i, u
         if (!check_kind(op, ZP_OP_COLLECTIVE, l, i, dep_end, figures, error))
             return FALSE;
         /* Its stage, group and stream in range; noted where its kind is known already */
-        pairs[op->stage % LINK_STAGES][op->group] |= (uint8_t)(1u << op->stream);
+        pairs[op->group] |= (uint8_t)(1u << op->stream);
         return TRUE;
     case ZP_OP_ALLOC:
         return check_kind(op, ZP_OP_ALLOC, l, i, dep_end, figures, error);
@@ -516,24 +515,16 @@ static gboolean compute_s(const Sim *sim, const ZpHw *hw, const ZpOp *op,
  * NULL where ops run in line (streams_in_line moves them after count_pass). */
 static void links_alone(Sim *sim, uint8_t *pairs, const uint8_t *group_link, gboolean in_line)
 {
-    const LinkPairs *const pair = (const LinkPairs *)pairs;
     const uint32_t n_groups = sim->n_groups;
-    sim->link_alone = in_line ? NULL
-                              : g_new0(uint8_t, (gsize)sim->sim_pp * MAX(n_groups, 1) *
-                                                    ZP_STREAM_N);
-    for (uint32_t k = 0; sim->link_alone && k < sim->sim_pp; k++) {
-        const uint8_t *streams = (*pair)[k % LINK_STAGES];
-        for (uint32_t g = 0; g < n_groups; g++) {
-            if (__builtin_popcount(streams[g]) != 1)
-                continue;
-            gboolean alone = TRUE;
-            for (uint32_t other = 0; other < n_groups; other++)
-                if (other != g && streams[other] && group_link[other] == group_link[g])
-                    alone = FALSE;
-            if (alone)
-                sim->link_alone[((size_t)k * n_groups + g) * ZP_STREAM_N +
-                                (uint32_t)__builtin_ctz(streams[g])] = 1;
-        }
+    sim->link_alone =
+        in_line ? NULL : g_new0(uint8_t, (gsize)MAX(n_groups, 1) * ZP_STREAM_N);
+    for (uint32_t g = 0; sim->link_alone && g < n_groups; g++) {
+        gboolean alone = __builtin_popcount(pairs[g]) == 1;
+        for (uint32_t other = 0; other < n_groups; other++)
+            if (other != g && pairs[other] && group_link[other] == group_link[g])
+                alone = FALSE;
+        if (alone)
+            sim->link_alone[g * ZP_STREAM_N + (uint32_t)__builtin_ctz(pairs[g])] = 1;
     }
     g_free(pairs);
 }

@@ -405,14 +405,12 @@ static void build_group_flows(Sim *sim, uint32_t g, SimClasses *classes, GArray 
     const uint32_t ranks = (uint32_t)sim->groups[g].ranks, stride = (uint32_t)sim->groups[g].stride;
     if (sim->ranks < world && !classes->of_rank) {
         /* Each rank alone runs its stage's ops: its loads on a link are its own flows'
-         * (Flow.alone_on_link) */
+         * (Flow.alone_on_link), each of them the only one of its group and stream */
         for (uint32_t u = 0; u < sim->ranks; u++) {
             const uint32_t base = add_flow_slots(flows, members, &u, 1, FALSE);
             sim->slot_of[(size_t)u * sim->n_groups + g] = base;
             const uint8_t *alone =
-                sim->link_alone ? &sim->link_alone[((size_t)sim->stage_of[u] * sim->n_groups +
-                                                    g) * ZP_STREAM_N]
-                                : NULL;
+                sim->link_alone ? &sim->link_alone[g * ZP_STREAM_N] : NULL;
             for (uint32_t stream = 0; alone && stream < ZP_STREAM_N; stream++)
                 g_array_index(flows, Flow, base + stream).alone_on_link = alone[stream];
         }
