@@ -82,16 +82,9 @@ static inline uint64_t zp_u64map_get(const ZpU64Map *m, uint64_t key, uint64_t a
     return m->key[i] ? m->value[i] : absent;
 }
 
-/* Removes key (where it is), moving back the entries after it whose probe passed its slot. */
-G_ALWAYS_INLINE static inline void zp_u64map_remove(ZpU64Map *m, uint64_t key)
+/* Empties slot i (a key's), moving back the entries after it whose probe passed it. */
+G_ALWAYS_INLINE static inline void zp_u64map_remove_slot(ZpU64Map *m, uint64_t i)
 {
-    if (key == 0) {
-        m->has_zero = FALSE;
-        return;
-    }
-    uint64_t i = zp_u64map_slot(m, key);
-    if (m->key[i] == 0)
-        return;
     m->n--;
     for (uint64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
         if (m->key[j] == 0)
@@ -105,6 +98,35 @@ G_ALWAYS_INLINE static inline void zp_u64map_remove(ZpU64Map *m, uint64_t key)
         i = j;
     }
     m->key[i] = 0;
+}
+
+/* Removes key (where it is). */
+G_ALWAYS_INLINE static inline void zp_u64map_remove(ZpU64Map *m, uint64_t key)
+{
+    if (key == 0) {
+        m->has_zero = FALSE;
+        return;
+    }
+    const uint64_t i = zp_u64map_slot(m, key);
+    if (m->key[i] != 0)
+        zp_u64map_remove_slot(m, i);
+}
+
+/* key's value, removed (one probe, not a get and a remove: a free's name is looked up once,
+ * to be dropped), or `absent` where it has none. */
+G_ALWAYS_INLINE static inline uint64_t zp_u64map_take(ZpU64Map *m, uint64_t key, uint64_t absent)
+{
+    if (key == 0) {
+        const uint64_t value = m->has_zero ? m->zero_value : absent;
+        m->has_zero = FALSE;
+        return value;
+    }
+    const uint64_t i = zp_u64map_slot(m, key);
+    if (m->key[i] == 0)
+        return absent;
+    const uint64_t value = m->value[i];
+    zp_u64map_remove_slot(m, i);
+    return value;
 }
 
 #endif
