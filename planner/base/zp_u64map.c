@@ -9,6 +9,7 @@ static void table_alloc(ZpU64Map *m, uint64_t slots)
     m->key = g_new0(uint64_t, slots);
     m->value = g_new(uint64_t, slots);
     m->mask = slots - 1;
+    m->grow_at = slots / 2;
     m->n = 0;
 }
 

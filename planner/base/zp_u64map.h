@@ -15,6 +15,7 @@ typedef struct {
     uint64_t *key; /* 0: empty */
     uint64_t *value;
     uint64_t mask, n; /* n: the keys in the table (key 0 aside) */
+    uint64_t grow_at; /* n at which a put doubles the table (half its slots): one comparison */
     uint64_t first_slots; /* the table's size from zp_u64map_init, which clear goes back to */
     gboolean has_zero;
     uint64_t zero_value;
@@ -56,7 +57,7 @@ G_ALWAYS_INLINE static inline uint64_t *zp_u64map_at(ZpU64Map *m, uint64_t key, 
             m->has_zero = TRUE, m->zero_value = fresh;
         return &m->zero_value;
     }
-    if (2 * (m->n + 1) > m->mask + 1)
+    if (m->n >= m->grow_at)
         zp_u64map_grow(m);
     const uint64_t i = zp_u64map_slot(m, key);
     if (m->key[i] == 0) {

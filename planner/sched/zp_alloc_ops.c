@@ -108,20 +108,56 @@ G_ALWAYS_INLINE static inline gboolean key_at(uint64_t role, int64_t micro, uint
 
 /* The longer schedule's live allocations by name (-> its model op here and its buffer there:
  * name_value), the state a free needs to find its own, and the list being written: ops
- * (ZpAllocOp, zp_array_extend's room), the next place and the next fresh buffer. */
+ * (ZpAllocOp, list_add), the next place and the next fresh buffer. */
 typedef struct {
     const ZpSchedule *s;
+    const ZpOp *op0; /* s's ops: op i is op0 + i (zp_sched_op loaded s->ops and its data at
+                      * every op, stores to the list between: 0.7 M of Megatron 1T's) */
     const Visits *visits;
     uint64_t *role; /* [alloc op]: its role (name_role), made as the list reaches it */
     ZpU64Map count; /* a buffer's name at its micro-step, ordinal 0 -> its allocs so far */
     int32_t *alloc_of; /* [buffer]: its latest alloc's op here (-1: none yet), at the list's
                         * place (period_init moves it on past the insertion, and back) */
     ZpU64Map live;
+    /* The list: ops's elements up to `end` (its len set at the end, and where it grows), room
+     * to `limit`: an op added with a comparison and a store (zp_array_extend loaded and
+     * stored the length and tested the room twice: 0.8 M of Megatron 1T's 55,000 ops) */
     GArray *ops;
-    guint room;
+    ZpAllocOp *end, *limit;
     uint32_t at;
     int32_t fresh;
 } Names;
+
+static inline const ZpOp *model_op(const Names *n, uint32_t i)
+{
+    return n->op0 + i;
+}
+
+/* The ops listed so far. */
+static guint list_len(const Names *n)
+{
+    return (guint)(n->end - (ZpAllocOp *)(void *)n->ops->data);
+}
+
+/* Room for one op more: the list grown (zp_array_extend's doubling over huge pages). */
+static void list_grow(Names *n)
+{
+    const guint len = list_len(n);
+    n->ops->len = len;
+    guint room = len;
+    zp_array_extend(n->ops, 1, sizeof(ZpAllocOp), &room);
+    n->ops->len = len;
+    n->end = (ZpAllocOp *)(void *)n->ops->data + len;
+    n->limit = (ZpAllocOp *)(void *)n->ops->data + MAX(room, len + 1);
+}
+
+/* Adds op so to the list. */
+G_ALWAYS_INLINE static inline void list_add(Names *n, ZpAllocOp so)
+{
+    if (G_UNLIKELY(n->end == n->limit))
+        list_grow(n);
+    *n->end++ = so;
+}
 
 static uint64_t name_value(uint32_t model, int32_t buffer)
 {
@@ -159,7 +195,7 @@ G_ALWAYS_INLINE static inline gboolean name_role(Names *n, uint32_t i, const ZpO
 G_ALWAYS_INLINE static inline gboolean name_alloc(Names *n, uint32_t model, int32_t micro,
                                                   int32_t buffer)
 {
-    const ZpOp *op = zp_sched_op(n->s, model);
+    const ZpOp *op = model_op(n, model);
     if (op->buffer < 0 || op->micro < 0)
         return TRUE; /* states and regions are not named: no free looks them up */
     uint64_t key;
@@ -174,13 +210,13 @@ G_ALWAYS_INLINE static inline gboolean name_alloc(Names *n, uint32_t model, int3
  * one of another size or category: the insert is not what it claims). */
 G_ALWAYS_INLINE static inline int32_t named_buffer(Names *n, uint32_t model, int32_t micro)
 {
-    const ZpOp *free_op = zp_sched_op(n->s, model);
+    const ZpOp *free_op = model_op(n, model);
     uint64_t key;
     if (!key_at(n->role[n->alloc_of[free_op->buffer]], micro, &key))
         return -1;
     /* taken out at once (one probe): where it is not free_op's, nothing is listed at all */
     const uint64_t value = zp_u64map_take(&n->live, key, UINT64_MAX);
-    if (value == UINT64_MAX || !same_alloc(zp_sched_op(n->s, (uint32_t)(value >> 32)), free_op))
+    if (value == UINT64_MAX || !same_alloc(model_op(n, (uint32_t)(value >> 32)), free_op))
         return -1;
     return (int32_t)(uint32_t)value;
 }
@@ -189,7 +225,7 @@ G_ALWAYS_INLINE static inline int32_t named_buffer(Names *n, uint32_t model, int
 static gboolean pairs_by_name(const Names *n, const ZpOp *free_op)
 {
     return free_op->buffer >= 0 && free_op->micro >= 0 && n->alloc_of[free_op->buffer] >= 0 &&
-           zp_sched_op(n->s, (uint32_t)n->alloc_of[free_op->buffer])->micro == free_op->micro;
+           model_op(n, (uint32_t)n->alloc_of[free_op->buffer])->micro == free_op->micro;
 }
 
 /* ---- copies left out ----
@@ -233,7 +269,7 @@ static int32_t period_alloc(const Names *n, const Period *p, uint32_t a, int64_t
         return -1;
     const uint64_t first = zp_u64map_get(&p->role, n->role[a], UINT64_MAX);
     for (int32_t j = first == UINT64_MAX ? -1 : (int32_t)first; j >= 0; j = p->next[j]) {
-        const int64_t d = zp_sched_op(n->s, p->op[j])->micro - micro;
+        const int64_t d = model_op(n, p->op[j])->micro - micro;
         if (d >= 0 && d % micro_step == 0) {
             *delta = (uint64_t)d / micro_step;
             return j;
@@ -266,7 +302,7 @@ static void period_init(Names *n, const ZpOpInsert *x, guint from, guint to, Per
     zp_u64map_init(&p->role, size);
     for (guint k = from; k < to; k++) {
         const uint32_t t = v->op[k];
-        const ZpOp *op = zp_sched_op(n->s, t);
+        const ZpOp *op = model_op(n, t);
         p->len += op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE;
         if (op->kind != ZP_OP_ALLOC)
             continue;
@@ -289,11 +325,11 @@ static void period_init(Names *n, const ZpOpInsert *x, guint from, guint to, Per
     gboolean *freed = g_new0(gboolean, MAX(p->allocs, 1));
     int32_t *moved = NULL; /* (buffer, its entry before) for each alloc after the insertion */
     guint n_moved = 0;
-    const uint32_t stage = zp_sched_op(n->s, x->at - 1)->stage;
+    const uint32_t stage = model_op(n, x->at - 1)->stage;
     /* Every stage's first op is visited, so its end is seen here as among all ops. */
     for (guint k = from; k < v->n; k++) {
         const uint32_t t = v->op[k];
-        const ZpOp *op = zp_sched_op(n->s, t);
+        const ZpOp *op = model_op(n, t);
         const gboolean in_model = k < to;
         if (!in_model && op->stage != stage)
             break; /* the stage's end */
@@ -311,7 +347,7 @@ static void period_init(Names *n, const ZpOpInsert *x, guint from, guint to, Per
             continue;
         const uint32_t a =
             n->alloc_of[op->buffer] < 0 ? UINT32_MAX : (uint32_t)n->alloc_of[op->buffer];
-        if (a == UINT32_MAX || zp_sched_op(n->s, a)->micro != op->micro)
+        if (a == UINT32_MAX || model_op(n, a)->micro != op->micro)
             continue;
         if (!in_model && a >= x->at)
             continue; /* its alloc after the insertion: not in the copies */
@@ -350,7 +386,7 @@ static gboolean move_names(Names *n, const ZpOpInsert *x, const Period *p, int32
     gboolean ok = TRUE;
     for (uint64_t c = 1; ok && c <= listed; c++)
         for (int32_t j = 0; ok && j < p->allocs; j++) {
-            const ZpOp *op = zp_sched_op(n->s, p->op[j]);
+            const ZpOp *op = model_op(n, p->op[j]);
             uint64_t key, to = 0;
             if (op->micro < 0)
                 continue;
@@ -388,7 +424,7 @@ static gboolean append_copy(Names *n, const ZpOpInsert *x, guint from, guint to,
     n->at += x->step;
     for (guint k = from; k < to; k++) {
         const uint32_t t = n->visits->op[k];
-        const ZpOp *op = zp_sched_op(n->s, t);
+        const ZpOp *op = model_op(n, t);
         if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE)
             continue;
         if (op->buffer < 0)
@@ -401,7 +437,7 @@ static gboolean append_copy(Names *n, const ZpOpInsert *x, guint from, guint to,
         } else if (!pairs_by_name(n, op) || (so.buffer = named_buffer(n, t, so.micro)) < 0) {
             return FALSE;
         }
-        *(ZpAllocOp *)zp_array_extend(n->ops, 1, sizeof so, &n->room) = so;
+        list_add(n, so);
     }
     return TRUE;
 }
@@ -429,20 +465,20 @@ static gboolean add_insert(Names *n, const ZpOpInsert *x, int32_t shift, gboolea
             listed = MIN(listed, 1 + p.back);
     }
     const int32_t first_buffer = n->fresh;
-    guint first = n->ops->len;
+    guint first = list_len(n);
     gboolean ok = TRUE;
     for (uint64_t c = 1; ok && c <= listed; c++) {
-        first = n->ops->len;
+        first = list_len(n);
         ok = append_copy(n, x, from, to, shift + (int32_t)(c * x->micro_steps));
     }
     if (ok && listed < x->periods) {
         const ZpAllocRun run = {
-            .after = n->ops->len, .first = first, .len = p.len,
+            .after = list_len(n), .first = first, .len = p.len,
             .at_step = x->step, .micro_step = (int32_t)x->micro_steps,
             .buffer_step = p.allocs, .first_buffer = first_buffer,
             .buffer_window = p.all_freed ? (int32_t)listed * p.allocs : 0,
             .listed_copies = (uint32_t)listed, .copies = x->periods - listed};
-        ok = n->ops->len - first == p.len && move_names(n, x, &p, shift, listed, &run);
+        ok = list_len(n) - first == p.len && move_names(n, x, &p, shift, listed, &run);
         g_array_append_val(runs, run);
         n->at += (uint32_t)(run.copies * x->step);
         if (run.buffer_window == 0)
@@ -495,7 +531,7 @@ static gboolean add_inserts(Names *n, const ZpOpInsert *ins, size_t n_ins, size_
  * where its name does not fit or a free finds none. */
 static gboolean list_op(Names *n, int32_t *alloc_of, uint32_t i, int32_t micro_shift)
 {
-    const ZpOp *here = zp_sched_op(n->s, i);
+    const ZpOp *here = model_op(n, i);
     if (here->kind != ZP_OP_ALLOC && here->kind != ZP_OP_FREE)
         return TRUE;
     ZpAllocOp so = {here, n->at, here->micro < 0 ? here->micro : here->micro + micro_shift,
@@ -509,7 +545,7 @@ static gboolean list_op(Names *n, int32_t *alloc_of, uint32_t i, int32_t micro_s
         so.buffer = named_buffer(n, i, so.micro);
         ok = so.buffer >= 0;
     }
-    *(ZpAllocOp *)zp_array_extend(n->ops, 1, sizeof so, &n->room) = so;
+    list_add(n, so);
     return ok;
 }
 
@@ -557,9 +593,12 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     for (size_t j = 0; leave_out && j < n_ins; j++)
         some_left_out = some_left_out || ins[j].periods > 8;
     const guint room = list_room(s, &v, ins, n_ins, some_left_out);
-    Names names = {.s = s, .visits = &v, .role = g_new(uint64_t, MAX(n, 1)), .alloc_of = alloc_of,
+    Names names = {.s = s, .op0 = n ? zp_sched_op(s, 0) : NULL, .visits = &v,
+                   .role = g_new(uint64_t, MAX(n, 1)), .alloc_of = alloc_of,
                    .ops = g_array_sized_new(FALSE, FALSE, sizeof(ZpAllocOp), room),
-                   .room = room, .fresh = most + 1};
+                   .fresh = most + 1};
+    names.end = (ZpAllocOp *)(void *)names.ops->data;
+    names.limit = names.end + room;
     zp_u64map_init(&names.live, 1024);
     zp_u64map_init(&names.count, v.allocs);
     int32_t micro_shift = 0;
@@ -576,8 +615,8 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
         if (next_insert < i)
             ok = add_inserts(&names, ins, n_ins, &k, i, &micro_shift, &inserted,
                              some_left_out, runs);
-        if (ok && zp_sched_op(s, i)->stage != stage) {
-            stage = zp_sched_op(s, i)->stage;
+        if (ok && names.op0[i].stage != stage) {
+            stage = names.op0[i].stage;
             micro_shift = 0;
         }
         if (next_insert <= i) {
@@ -590,6 +629,7 @@ GArray *zp_alloc_ops_extended(const ZpSchedule *s, const ZpOpInsert *given, size
     }
     ok = ok && add_inserts(&names, ins, n_ins, &k, n, &micro_shift, &inserted, some_left_out,
                            runs);
+    names.ops->len = list_len(&names);
     zp_u64map_free(&names.live);
     zp_u64map_free(&names.count);
     g_free(alloc_of);
