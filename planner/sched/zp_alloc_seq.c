@@ -135,7 +135,9 @@ G_ALWAYS_INLINE static inline void walk_event(Walk *w, const ZpOp *op, uint32_t 
     } else if (op->sub == ZP_MEM_BUCKETS) {
         v.flags = w->grad_contiguous ? ZP_ALLOC_EV_GRAD : 0;
         w->live += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-        w->most = fmax(w->most, w->live);
+        /* fmax, not called (neither is NaN): the call spilled the walk's registers round it */
+        if (w->live > w->most)
+            w->most = w->live;
     }
     if (op->stage != w->stage) {
         w->stage = op->stage;
@@ -201,8 +203,9 @@ G_ALWAYS_INLINE static inline gboolean walk_listed(ZpAllocSeq *q, Walk *w)
     for (guint r = 0;;) {
         const ZpAllocRun *x = r < n_op_runs ? &g_array_index(q->op_runs, ZpAllocRun, r) : NULL;
         const guint bound = !x ? n_src : in_model ? x->after : x->first;
-        for (; i < MIN(bound, n_src); i++)
-            walk_event(w, ops[i].op, ops[i].at, ops[i].micro, ops[i].buffer);
+        for (const ZpAllocOp *o = ops + i, *end = ops + MIN(bound, n_src); o < end; o++)
+            walk_event(w, o->op, o->at, o->micro, o->buffer);
+        i = MAX(i, MIN(bound, n_src));
         if (!x || bound > n_src)
             return TRUE;
         if (!in_model) {
