@@ -620,10 +620,16 @@ static gboolean skip(Seq *q, uint64_t periods, uint64_t period, const GArray *fi
             blocks[k++] = b;
         }
     if (ok) {
-        /* Old and new names may meet: every old one goes before any new one comes. */
+        /* Old and new names may meet: every old one goes before any new one comes. A handle
+         * past the dense ids (a state's or region's, in the hash table) keeps its block, and
+         * no new name is one (they are buffers'): left as it is, not removed and put back
+         * (four hash table calls, 0.2 M of Megatron 1T's 64 skips). */
         for (guint j = 0; j < n; j++)
-            live_remove(a, blocks[j]->id);
+            if (ids[j] != blocks[j]->id || ids[j] < a->n_dense)
+                live_remove(a, blocks[j]->id);
         for (guint j = 0; j < n; j++) {
+            if (ids[j] == blocks[j]->id && ids[j] >= a->n_dense)
+                continue;
             blocks[j]->id = ids[j];
             live_put(a, blocks[j]);
             if (events[j] != UINT64_MAX)
