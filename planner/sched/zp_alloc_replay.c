@@ -273,10 +273,19 @@ gboolean zp_alloc_replay_malloc(ZpAllocReplay *a, uint64_t id, double bytes)
 /* zp_alloc_replay_release, inlined as replay_malloc */
 G_ALWAYS_INLINE static inline gboolean replay_release(ZpAllocReplay *a, uint64_t id)
 {
-    Block *b = live_get(a, id);
-    if (!b)
-        return FALSE;
-    live_remove(a, id); /* before b can be merged away below */
+    Block *b;
+    if (id < a->n_dense) { /* found: dropped without loading it again (live_remove's test) */
+        b = a->by_id[id];
+        if (!b)
+            return FALSE;
+        a->by_id[id] = NULL;
+        a->n_live--;
+    } else {
+        b = g_hash_table_lookup(a->live, &id);
+        if (!b)
+            return FALSE;
+        live_remove(a, id); /* before b can be merged away below */
+    }
     b->allocated = FALSE;
     a->stats.allocated_bytes -= (double)b->size;
     if (b->next && !b->next->allocated)
