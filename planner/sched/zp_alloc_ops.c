@@ -74,16 +74,17 @@ static void visits_init(const ZpSchedule *s, Visits *v)
     guint n_visits = 0, allocs = 0;
     int32_t most = -1;
     uint32_t stage = UINT32_MAX;
-    const ZpOp *op = n ? zp_sched_op(s, 0) : NULL;
+    /* by pointer, its index worked out at a visit only */
+    const ZpOp *first = n ? zp_sched_op(s, 0) : NULL, *end = first + n;
     G_STATIC_ASSERT(ZP_OP_FREE == ZP_OP_ALLOC + 1);
-    for (guint i = 0; i < n; i++, op++) {
+    for (const ZpOp *op = first; op < end; op++) {
         if ((uint8_t)(op->kind - ZP_OP_ALLOC) <= 1) {
             most = MAX(most, op->buffer);
             allocs += op->kind == ZP_OP_ALLOC && op->buffer >= 0 && op->micro >= 0;
         } else if (op->stage == stage) {
             continue;
         }
-        visit[n_visits++] = i;
+        visit[n_visits++] = (uint32_t)(op - first);
         stage = op->stage;
     }
     *v = (Visits){.op = visit, .n = n_visits, .allocs = allocs, .most = most};
