@@ -618,9 +618,20 @@ void sim_jump_replay_sums(const Note *v, size_t n, uint64_t times)
      * more groups them (its jumps inside groups now, 43 periods of 1,330 notes: 5.21 M ->
      * 4.87 M in its replays). */
     if (times < REPLAY_GROUPED_FROM || n > UINT32_MAX) {
-        for (uint64_t j = 0; j < times; j++)
-            for (size_t k = 0; k < n; k++)
-                *v[k].field += v[k].x;
+        /* Four notes a turn, in order (a note's sum may be the next one's): the loop's
+         * count, test and branch were 4 of the 8 instructions an addition took */
+        const Note *const end = v + n, *const end4 = v + (n & ~(size_t)3);
+        for (uint64_t j = 0; j < times; j++) {
+            const Note *q = v;
+            for (; q < end4; q += 4) {
+                *q[0].field += q[0].x;
+                *q[1].field += q[1].x;
+                *q[2].field += q[2].x;
+                *q[3].field += q[3].x;
+            }
+            for (; q < end; q++)
+                *q->field += q->x;
+        }
         return;
     }
     uint32_t *group_of = g_new(uint32_t, n);
