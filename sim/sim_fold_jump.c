@@ -53,10 +53,10 @@ static inline gboolean same_counts(const SimOp *a, const SimOp *b, uint32_t move
  * dependent's stage from its op; a stream is one stage's), so within the stage's run of ops
  * (find_stages): moved by the stage's step, it is the op j names exactly when their indices
  * differ by that step (moved_on's bounds hold for it). */
-static gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j)
+static inline gboolean same_op(const OpPairs *p, uint32_t i, uint32_t j, uint32_t a_start,
+                               uint32_t b_start)
 {
     const SimOp *a = &p->ops[i], *b = &p->ops[j];
-    const uint32_t a_start = i == 0 ? 0 : a[-1].dependents_end, b_start = b[-1].dependents_end;
     /* b's dependents lie `moved` places past a's: as many as a's (their ends moved alike),
      * and as many of them ready at once */
     const uint32_t moved = b_start - a_start;
@@ -202,8 +202,17 @@ static void walk_on(SimFold *f, const Sim *sim, uint32_t k, uint32_t s, int64_t 
         to = borrowed_end(f, k, s, f->equal_from[at], to);
     if (to >= first) { /* `to` only grows: the bounds are one */
         const uint32_t stop = (uint32_t)MIN(need, (int64_t)end);
-        while (to < stop && same_op(&p, (uint32_t)(to - step), to))
+        /* An op's dependents begin where those of the op before it end: carried from pair to
+         * pair, not loaded again (same_op's a_start and b_start) */
+        uint32_t i = (uint32_t)(to - step);
+        uint32_t a_start = i == 0 ? 0 : sim->ops[i - 1].dependents_end,
+                 b_start = sim->ops[to - 1].dependents_end;
+        while (to < stop && same_op(&p, i, to, a_start, b_start)) {
+            a_start = sim->ops[i].dependents_end;
+            b_start = sim->ops[to].dependents_end;
+            i++;
             to++;
+        }
     }
     f->equal_to[at] = to;
     f->equal_open[at] = to >= need && to < end && to >= first;
