@@ -174,7 +174,8 @@ gboolean zp_build_replay(ZpReplay *r, Builder *b, Activations *a, const ZpPipeAc
         r->op0 = s->ops->len, r->dep0 = s->deps->len, r->cross0 = b->cross->len;
         r->last_compute = b->last_compute, r->host_sync = b->host_sync;
         r->n_sync = b->n_sync;
-        memcpy(r->sync, sync, b->n_sync * sizeof *sync);
+        if (b->n_sync > 0) /* sync_deps' data is NULL while it is empty */
+            memcpy(r->sync, sync, b->n_sync * sizeof *sync);
         memcpy(r->on_stream, b->last_on_stream, sizeof r->on_stream);
         t->recorded = FALSE;
         t->next_buffer = b->next_buffer;
