@@ -44,6 +44,10 @@ typedef struct {
     GArray *frees;     /* Patch: a free's buffer */
     GArray *cross;     /* Patch: dependency place, key less micro * ZP_P2P_N */
     GArray *sends;     /* Patch: op place, key less micro * ZP_P2P_N */
+    /* the five lists above (entry, allocs, frees, cross, sends) end to end, as the replay
+     * reads them: one pointer walked through, not each GArray's header and data loaded */
+    Patch *flat;
+    guint n_entry, n_allocs, n_frees, n_cross, n_sends;
     /* the builder after it */
     int last_compute, host_sync;
     int n_streams, streams[ZP_STREAM_N], on_stream[ZP_STREAM_N]; /* the streams it ends */
@@ -103,6 +107,7 @@ void zp_build_replay_free(ZpReplay *r)
         g_array_unref(r->t[i].sends);
         g_array_unref(r->t[i].entry);
         g_free(r->t[i].own);
+        g_free(r->t[i].flat);
     }
     g_free(r->t);
     g_free(r);
@@ -208,33 +213,30 @@ gboolean zp_build_replay(ZpReplay *r, Builder *b, Activations *a, const ZpPipeAc
         dep[i] = own[i] + op0;
     /* each list through a local pointer and count: a store through op or dep might alias the
      * template's arrays for the compiler, which re-read them each time */
-    const Patch *p = (const Patch *)t->entry->data;
-    for (const Patch *end = p + t->entry->len; p < end; p++)
+    const Patch *p = t->flat;
+    for (const Patch *end = p + t->n_entry; p < end; p++)
         dep[p->at] = v[-p->code];
     const int buffers = b->next_buffer - t->next_buffer;
-    p = (const Patch *)t->allocs->data;
-    for (const Patch *end = p + t->allocs->len; p < end; p++) {
+    for (const Patch *end = p + t->n_allocs; p < end; p++) {
         ZpOp *alloc = &op[p->at];
         alloc->buffer += buffers;
         if (p->code != 0)
             *zp_build_act_slot(b, p->code == BUF_CKPT ? a->ckpt : a->act, x->micro,
                                alloc->unit) = alloc->buffer;
     }
-    p = (const Patch *)t->frees->data;
-    for (const Patch *end = p + t->frees->len; p < end; p++) {
+    for (const Patch *end = p + t->n_frees; p < end; p++) {
         ZpOp *f = &op[p->at];
         f->buffer = p->code >= 0 ? b->next_buffer + p->code
                                  : *zp_build_act_slot(b, p->code == BUF_CKPT ? a->ckpt : a->act,
                                                       x->micro, f->unit);
     }
     const int64_t keys = (int64_t)x->micro * ZP_P2P_N;
-    p = (const Patch *)t->cross->data;
-    for (const Patch *end = p + t->cross->len; p < end; p++) {
-        ZpCrossDep *c = zp_array_extend(b->cross, 1, sizeof *c, &b->cross_room);
-        c->at = dep0 + p->at, c->key = p->code + keys;
+    if (t->n_cross > 0) { /* the cross-stage receives' room made once for all of them */
+        ZpCrossDep *c = zp_array_extend(b->cross, t->n_cross, sizeof *c, &b->cross_room);
+        for (const Patch *end = p + t->n_cross; p < end; p++, c++)
+            c->at = dep0 + p->at, c->key = p->code + keys;
     }
-    p = (const Patch *)t->sends->data;
-    for (const Patch *end = p + t->sends->len; p < end; p++)
+    for (const Patch *end = p + t->n_sends; p < end; p++)
         b->send_op[p->code + keys] = op0 + p->at;
     b->next_buffer += t->n_buffers;
     b->last_compute = source_value(t->last_compute, op0, v);
@@ -379,5 +381,17 @@ void zp_build_replay_record(ZpReplay *r, Builder *b, Activations *a, const ZpPip
             SRC_REFUSED)
             return;
     t->step = b->step;
+    const GArray *lists[] = {t->entry, t->allocs, t->frees, t->cross, t->sends};
+    guint *counts[] = {&t->n_entry, &t->n_allocs, &t->n_frees, &t->n_cross, &t->n_sends};
+    guint n = 0;
+    for (guint k = 0; k < G_N_ELEMENTS(lists); k++)
+        n += lists[k]->len;
+    t->flat = g_renew(Patch, t->flat, MAX(n, 1));
+    n = 0;
+    for (guint k = 0; k < G_N_ELEMENTS(lists); k++) {
+        if (lists[k]->len > 0) /* an empty GArray's data may be NULL: no memcpy from it */
+            memcpy(t->flat + n, lists[k]->data, lists[k]->len * sizeof(Patch));
+        n += *counts[k] = lists[k]->len;
+    }
     t->recorded = TRUE, t->refused = FALSE;
 }
