@@ -77,18 +77,32 @@ gboolean zp_pipe_partition(const ZpModel *model, int chunks, ZpPartition method,
 
 /* ---- schedules ------------------------------------------------------------------------- */
 
-/* The actions being listed and what the array holds without growing (zp_array_extend: the
- * 2 m V actions are reserved at once, where a GLib append each checked the room by a division
- * and grew the array by copies: plan --3d gpt-1t/4096 lists 121,000). */
+/* The actions being listed: the 2 m V of them are made room for at once and written through
+ * a cursor (a GLib append each checked the room by a division and grew the array by copies:
+ * plan --3d gpt-1t/4096 lists 121,000; zp_array_extend's room check and the array's length
+ * stored each action were 10 of narayanan21-t1-529.6b's 28 instructions an action). Past
+ * G_MAXUINT / 2 actions (more than an array's length holds) the cursor is none and GLib's
+ * append says why it cannot. */
 typedef struct {
     GArray *a;
-    guint room;
+    ZpPipeAction *at; /* the next action's place; NULL: appended */
 } Actions;
 
 G_ALWAYS_INLINE static inline void push(Actions *x, int micro, int chunk, gboolean backward)
 {
     const ZpPipeAction action = {micro, chunk, backward};
-    *(ZpPipeAction *)zp_array_extend(x->a, 1, sizeof action, &x->room) = action;
+    if (G_LIKELY(x->at))
+        *x->at++ = action;
+    else
+        g_array_append_val(x->a, action);
+}
+
+/* The list made, its length that of the actions written. */
+static GArray *listed(Actions *x)
+{
+    if (x->at)
+        x->a->len = (guint)(x->at - (ZpPipeAction *)x->a->data);
+    return x->a;
 }
 
 /* Megatron's get_model_chunk_id and microbatch id for the k-th forward or backward of an
@@ -122,18 +136,21 @@ G_ALWAYS_INLINE static inline void interleaved_push(Actions *a, Interleaved *c, 
 GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages, int micro,
                         int stage)
 {
-    Actions x = {g_array_new(FALSE, FALSE, sizeof(ZpPipeAction)), 0};
+    Actions x = {g_array_new(FALSE, FALSE, sizeof(ZpPipeAction)), NULL};
     Actions *a = &x;
     const int P = stages, m = micro;
     const guint64 n = 2 * (guint64)MAX(m, 0) *
                       (guint64)(schedule == ZP_PIPE_INTERLEAVED ? MAX(virtual_stages, 1) : 1);
-    x.room = zp_array_reserve_huge(x.a, n);
+    if (n <= G_MAXUINT / 2) { /* each schedule below lists exactly n */
+        g_array_set_size(x.a, (guint)n);
+        x.at = (ZpPipeAction *)x.a->data;
+    }
     if (schedule == ZP_PIPE_GPIPE) {
         for (int i = 0; i < m; i++)
             push(a, i, stage, FALSE);
         for (int i = 0; i < m; i++)
             push(a, i, stage, TRUE);
-        return x.a;
+        return listed(a);
     }
     if (schedule == ZP_PIPE_1F1B) {
         const int warmup = MIN(P - stage - 1, m);
@@ -145,7 +162,7 @@ GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages,
         }
         for (int i = m - warmup; i < m; i++)
             push(a, i, stage, TRUE);
-        return x.a;
+        return listed(a);
     }
     const int V = virtual_stages, total = m * V;
     const int warmup = m == P ? total : MIN((P - stage - 1) * 2 + (V - 1) * P, total);
@@ -158,7 +175,7 @@ GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages,
     }
     for (int k = total - warmup; k < total; k++)
         interleaved_push(a, &bwd, P, V, stage, TRUE);
-    return x.a;
+    return listed(a);
 }
 
 gboolean zp_pipe_check(const ZpModel *model, const ZpPlan *plan, GError **error)
