@@ -149,8 +149,10 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
         if (memo->impl_tensors)
             g_array_unref(memo->impl_tensors);
         memo->impl_tensors = list_tensors(s);
-        g_free(memo->layout);
-        memo->layout = g_new(uint64_t, MAX(2 * n, 1));
+        if (!memo->layout || memo->n_units != s->n_units) { /* a pipeline's next stage: as many */
+            g_free(memo->layout);
+            memo->layout = g_new(uint64_t, MAX(2 * n, 1));
+        }
         memcpy(memo->layout, s->unit_offset, n * sizeof(uint64_t));
         memcpy(memo->layout + n, s->unit_elems, n * sizeof(uint64_t));
         memo->n_units = s->n_units;
@@ -397,6 +399,12 @@ static void group_items(const ZpSchedule *s, GArray *items, double limit, gboole
 {
     const Item *it = (const Item *)items->data;
     const double bytes = zp_plan_reduce_bytes(&s->plan);
+    /* Room made once for the buckets of most plans (Megatron 1T's stages hold 6; at most one
+     * an item), past it doubled as GLib does (zp_array_extend): GLib's appends grew each
+     * pipeline stage's array from empty, 400 instructions a bucket. */
+    guint room = buckets->len + MIN(items->len, 64u);
+    g_array_set_size(buckets, room);
+    g_array_set_size(buckets, room - MIN(items->len, 64u));
     for (int i = (int)items->len - 1; i >= 0;) {
         ZpBucketSpec k = {0, 0, 0, it[i].unit, it[i].unit, it[i].unit, -1, FALSE, 0, 0, FALSE};
         ZpBucketExperts x = {0, 0, FALSE};
@@ -411,7 +419,7 @@ static void group_items(const ZpSchedule *s, GArray *items, double limit, gboole
             bucket_add(s, &k, &x, &it[i]);
         }
         k.bytes = sent * bytes;
-        g_array_append_val(buckets, k);
+        *(ZpBucketSpec *)zp_array_extend(buckets, 1, sizeof k, &room) = k;
         if (experts)
             g_array_append_val(experts, x);
     }

@@ -29,19 +29,27 @@ void zp_build_plan_buckets(Builder *b)
     GArray *specs = g_array_new(FALSE, FALSE, sizeof(ZpBucketSpec));
     b->impl->plan_buckets(s, specs);
     GArray *experts = zp_impl_bucket_experts(s);
+    /* the buckets' room made at once and written in place (a GLib append each: 80
+     * instructions a bucket, each pipeline stage's buckets anew) */
+    const guint first = b->buckets->len;
+    g_array_set_size(b->buckets, first + specs->len);
+    Bucket *out = &g_array_index(b->buckets, Bucket, first);
     for (guint i = 0; i < specs->len; i++) {
         Bucket k = {g_array_index(specs, ZpBucketSpec, i), -1, NONE, NONE, NONE, -1,
                     {0, 0, FALSE}};
         if (experts && i < experts->len)
             k.experts = g_array_index(experts, ZpBucketExperts, i);
-        g_array_append_val(b->buckets, k);
+        out[i] = k;
     }
     if (experts)
         g_array_unref(experts);
     g_array_unref(specs);
-    memset(b->launch_start, 0, sizeof(guint) * ((gsize)s->n_units + 1));
-    for (int u = 0; u < s->n_units; u++)
-        b->unit_first[u] = G_MAXUINT, b->unit_last[u] = 0;
+    const gsize n_units = (gsize)s->n_units;
+    memset(b->launch_start, 0, sizeof(guint) * (n_units + 1));
+    /* G_MAXUINT is every byte 0xff: a pipeline's 64 stages each set Megatron 1T's 130 units
+     * one by one, 4 instructions a unit */
+    memset(b->unit_first, 0xff, sizeof(guint) * n_units);
+    memset(b->unit_last, 0, sizeof(guint) * n_units);
     for (guint i = 0; i < b->buckets->len; i++) {
         const ZpBucketSpec *k = &zp_build_bucket(b, i)->spec;
         for (int u = k->low_unit; u <= k->top_unit; u++) {
@@ -50,8 +58,9 @@ void zp_build_plan_buckets(Builder *b)
         }
         b->launch_start[k->launch_unit + 1]++;
     }
-    for (int u = 0; u < s->n_units; u++)
-        b->launch_start[u + 1] += b->launch_start[u];
+    guint *start = b->launch_start, sum = start[0]; /* the running sum kept in a register */
+    for (gsize u = 1; u <= n_units; u++)
+        start[u] = sum += start[u];
     guint *next = g_memdup2(b->launch_start, sizeof(guint) * (gsize)s->n_units);
     g_array_set_size(b->launch, b->buckets->len);
     for (guint i = 0; i < b->buckets->len; i++)
