@@ -124,11 +124,17 @@ void zp_build_layout(Builder *b)
 {
     ZpSchedule *s = b->s;
     const int stage = s->plan.zero.stage;
-    s->n_units = zp_model_n_units(&s->model);
-    g_free(s->unit_offset);
-    g_free(s->unit_elems);
-    s->unit_offset = g_new0(uint64_t, s->n_units);
-    s->unit_elems = g_new0(uint64_t, s->n_units);
+    const int n_units = zp_model_n_units(&s->model);
+    /* A pipeline's next stage: the arrays the stage before had, as many units (both written
+     * whole below, place_units the offsets), not freed and zeroed anew each stage (Megatron
+     * 1T's 64 stages: 90,000 instructions). */
+    if (!s->unit_offset || !s->unit_elems || s->n_units != n_units) {
+        g_free(s->unit_offset);
+        g_free(s->unit_elems);
+        s->unit_offset = g_new0(uint64_t, n_units);
+        s->unit_elems = g_new0(uint64_t, n_units);
+    }
+    s->n_units = n_units;
     for (int u = 0; u < s->n_units; u++)
         s->unit_elems[u] = held_elems(b, u);
     if (s->stage_unit_elems)
