@@ -859,10 +859,11 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         const uint32_t ready = open_dependents(&cursor[i], &dep_offset);
         /* Field by field: a SimOp built whole on the stack was copied, 27 instructions an
          * op; built as three words in registers, the shifts were 5 more. Its first four bytes
-         * are the ZpOp's (kind, sub, stream, group). */
+         * are the ZpOp's (kind, sub, stream, group). Its stage read again from the ZpOp:
+         * `stage` kept live to here was spilled and reloaded (0.13 M of Megatron 1T's). */
         SimOp *o = &sim_ops[i];
         memcpy(o, op, offsetof(SimOp, link));
-        o->link = link, o->wide = (uint8_t)wide, o->stage = stage, o->n_deps = n_deps;
+        o->link = link, o->wide = (uint8_t)wide, o->stage = (uint16_t)op->stage, o->n_deps = n_deps;
         o->dependents_end = dep_offset, o->dependents_ready = ready, o->stream_next = NO_OP;
         o->duration_s = figure, o->transfer_s = transfer_s;
         n_wide += wide;
