@@ -777,7 +777,6 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     for (uint32_t i = 0; ok && i < n_checked; i++) {
         const ZpOp *op = &zops[i];
         const uint8_t kind = op->kind, sub = op->sub, group = op->group;
-        const uint16_t stage = (uint16_t)op->stage;
         const uint32_t n_deps = op->n_deps;
         double figure = op->bytes, transfer_s = 0; /* SimOp's union, and a collective's */
         uint8_t link = 0;
@@ -807,7 +806,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
             if (copies)
                 figure += zp_cost_coll_copy_s(&sim->cost, op, zero_stage, g->ranks);
             link = group_link[group];
-            sum_slot = sim_sums_comm(&kept, stage, group), sum_x = sent;
+            sum_slot = sim_sums_comm(&kept, (uint16_t)op->stage, group), sum_x = sent;
         } else switch (kind) {
         case ZP_OP_TRANSFER:
             /* The host link is each GPU's own; the node's NVMe is shared by its ranks, which
@@ -829,7 +828,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                 duration_s = cpu_s;
             }
             figure = duration_s;
-            sum_slot = compute_slot(&kept, sub, stage), sum_x = op->flops;
+            sum_slot = compute_slot(&kept, sub, (uint16_t)op->stage), sum_x = op->flops;
             break;
         }
         case ZP_OP_P2P: {
@@ -839,7 +838,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
                 *m = (P2pLast){.stage = op->stage, .peer = op->peer, .bytes = op->bytes,
                                .duration_s = p2p_time_s(sim, hw, op)};
             figure = m->duration_s;
-            sum_slot = sim_sums_comm(&kept, stage, ZP_GROUP_PP), sum_x = op->bytes;
+            sum_slot = sim_sums_comm(&kept, (uint16_t)op->stage, ZP_GROUP_PP), sum_x = op->bytes;
             break;
         }
         default:
@@ -859,8 +858,9 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         const uint32_t ready = open_dependents(&cursor[i], &dep_offset);
         /* Field by field: a SimOp built whole on the stack was copied, 27 instructions an
          * op; built as three words in registers, the shifts were 5 more. Its first four bytes
-         * are the ZpOp's (kind, sub, stream, group). Its stage read again from the ZpOp:
-         * `stage` kept live to here was spilled and reloaded (0.13 M of Megatron 1T's). */
+         * are the ZpOp's (kind, sub, stream, group). Its stage read from the ZpOp where it
+         * is used, here and for the sums: a local read at the top was stored on the stack and
+         * loaded back, each op (0.29 M of Megatron 1T's instructions). */
         SimOp *o = &sim_ops[i];
         memcpy(o, op, offsetof(SimOp, link));
         o->link = link, o->wide = (uint8_t)wide, o->stage = (uint16_t)op->stage, o->n_deps = n_deps;
