@@ -776,7 +776,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     const SimSums kept = sums;
     for (uint32_t i = 0; ok && i < n_checked; i++) {
         const ZpOp *op = &zops[i];
-        const uint8_t kind = op->kind, sub = op->sub, group = op->group;
+        const uint8_t kind = op->kind, sub = op->sub;
         const uint32_t n_deps = op->n_deps;
         double figure = op->bytes, transfer_s = 0; /* SimOp's union, and a collective's */
         uint8_t link = 0;
@@ -785,6 +785,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         /* Collectives, the most common kind (Megatron 1T: 55,896 of 130,674 ops), tested
          * first: the switch tested three kinds before them. */
         if (kind == ZP_OP_COLLECTIVE) {
+            const uint8_t group = op->group;
             const SimCollGroup *g = &groups[group];
             CollLast *last = &last_cost[group][sub];
             if (last->bytes != op->bytes) {
