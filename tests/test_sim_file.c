@@ -61,6 +61,48 @@ static void test_schedule_file_round_trip(void)
 /* tests/data/schedule-example.json, by hand: 16 ranks on 2 nodes, bf16. A 64 MB all-gather
  * (c1), block_fwd 1e12 FLOPs (a), block_bwd 2e12 (2a) and then a 64 MB reduce-scatter (c2):
  * the step is c1 + 3a + c2; the peak is the states plus the gathered 64 MB. */
+/* A pipeline's file (its "stages": each stage's view) simulates as its plan does: the graph
+ * reader hands it to zp_sched_read_json, where it once refused the key it did not know. */
+static void test_schedule_file_pipeline(void)
+{
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 2, 1);
+    p.pipe.stages = 4;
+    p.grad_accum = 8;
+    p.checkpoint = TRUE;
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&gpt2, &p, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(s->stages, ==, 4);
+    char *path = g_build_filename(sim_tmp_dir, "pipeline.json", NULL);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *g = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(g->stages, ==, 4);
+    g_assert_cmpuint(g->ops->len, ==, s->ops->len);
+    g_assert_cmpint(memcmp(g->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    SimResult *a = run(s, &a100, SIM_MODE_FOLDED), *b = run(g, &a100, SIM_MODE_FOLDED);
+    g_assert_cmpfloat(a->step_time_s, ==, b->step_time_s);
+    g_assert_cmpfloat(a->peak_memory_bytes, ==, b->peak_memory_bytes);
+    for (int k = 0; k < 4; k++)
+        g_assert_cmpfloat(a->stage_peak_bytes[k], ==, b->stage_peak_bytes[k]);
+    sim_result_free(a);
+    sim_result_free(b);
+    zp_sched_free(g);
+    /* Its ops are held to its plan's: an edited dependency is refused, naming the op. */
+    json_t *root = json_load_file(path, 0, NULL);
+    json_t *deps = json_object_get(json_array_get(json_object_get(root, "ops"), 5), "deps");
+    json_array_clear(deps);
+    json_array_append_new(deps, json_integer(10000000));
+    g_assert_cmpint(json_dump_file(root, path, 0), ==, 0);
+    json_decref(root);
+    g_assert_null(zp_sched_read_graph(path, &error));
+    g_assert_nonnull(strstr(error->message, "ops[5]"));
+    g_clear_error(&error);
+    g_free(path);
+    zp_sched_free(s);
+}
+
 static void test_schedule_file_example(void)
 {
     GError *error = NULL;
@@ -335,6 +377,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     sim_common_init();
     g_test_add_func("/sim/file/round-trip", test_schedule_file_round_trip);
+    g_test_add_func("/sim/file/pipeline", test_schedule_file_pipeline);
     g_test_add_func("/sim/file/example", test_schedule_file_example);
     g_test_add_func("/sim/file/streams", test_schedule_file_streams);
     g_test_add_func("/sim/file/groups", test_schedule_file_groups);

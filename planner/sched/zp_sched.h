@@ -147,7 +147,8 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error);
  * "precision" (or a "plan") and a "model" are optional, the planner's layout keys ignored.
  * Fails with one error naming the op index and key at fault: a dangling dependency, a
  * dependency cycle, an unknown group, a negative size. A file `zplan schedule --out` wrote
- * reads back to the same ops, so it simulates exactly as the plan does. */
+ * reads back to the same ops, so it simulates exactly as the plan does; a pipeline's (its
+ * "stages") is read by zp_sched_read_json, which holds it to its model and plan. */
 ZpSchedule *zp_sched_read_graph(const char *path, GError **error);
 
 #endif

@@ -546,6 +546,13 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
     json_t *root = zp_schedsize_check_file(path, error) ? zp_json_load_object(path, error) : NULL;
     if (!root)
         return NULL;
+    /* A pipeline's file (`zplan schedule --out` with --pp: "stages", each stage's view of its
+     * model states and units) is read as zreal reads it, its ops and views held to those its
+     * model and plan build: the graph below has no stage views to give a rank class. */
+    if (json_object_get(root, "stages")) {
+        json_decref(root);
+        return zp_sched_read_json(path, error);
+    }
     /* A planner's file simulates whatever its digest says: zreal is the one to refuse edits. */
     static const char *const keys[] = {"format", "world", "groups", "ops", "state_bytes",
                                        "precision", "model", "plan", "elem_bytes", "units",
