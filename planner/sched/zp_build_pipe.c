@@ -92,8 +92,7 @@ void zp_build_tied_sync(Builder *b, const GArray *after)
  * (the others differ by the embedding and the head), taken once, within the ops the budget
  * allows (Builder.max_ops; a schedule past them stops there anyway); and for the dependencies
  * on other stages' sends, which stage 0 has fewest of (its forwards receive none): twice its
- * count a stage (Megatron 1T grew that array 13 times, 0.17 M instructions of copies). The
- * ops' room is there already where the plan's estimate (zp_sched.c build) holds them. */
+ * count a stage (Megatron 1T grew that array 13 times, 0.17 M instructions of copies). */
 void zp_build_pipe_reserve(Builder *b, int stages)
 {
     ZpSchedule *s = b->s;

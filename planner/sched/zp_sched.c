@@ -406,10 +406,9 @@ static ZpSchedule *build(const ZpModel *model, const ZpPlan *plan, gboolean repl
      * stage 3; address space only, the pages touched as ops are written) and as many
      * dependencies, over huge pages: the deep stage-3 model's 2.1 million ops grown in place
      * faulted 90,000 4 KiB pages, half of its build (perf: exc_page_fault, clear_page_erms and
-     * memory-cgroup charges under g_array_append_vals). A pipeline's too, all its stages' (the
-     * estimate's), where sizing them after its stage 0 (zp_build_pipe_reserve, which then
-     * finds the room) copied stage 0's ops: 1.1 M instructions of narayanan21-t1-529.6b. */
-    {
+     * memory-cgroup charges under g_array_append_vals). A pipeline's arrays are sized after
+     * its stage 0 (zp_build_pipe_reserve). */
+    if (P == 1) {
         const double want = fmin(zp_schedsize_estimate_ops(model, plan), b.max_ops);
         b.ops_room = zp_array_reserve_huge(s->ops, (guint64)want);
         b.deps_room = zp_array_reserve_huge(s->deps, (guint64)want);
