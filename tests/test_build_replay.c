@@ -1,7 +1,9 @@
-/* test_build_replay: a pipeline's schedule with its actions written again from the last of
- * their kind (zp_build_replay) equals the one built op by op, op for op and dependency for
- * dependency, over 1F1B, GPipe and interleaved schedules, recomputation full, selective and
- * none, sequence parallelism, scatter/gather exchanges and the plans the replay refuses. */
+/* test_build_replay: a schedule built with its fast writers (a block's ops in one pass,
+ * Builder.blocks_direct; a pipeline's actions written again from the last of their kind,
+ * zp_build_replay) equals the one built op by op through the emitters, op for op and
+ * dependency for dependency, over 1F1B, GPipe and interleaved schedules, no pipeline at ZeRO
+ * 1 and 2, recomputation full, selective and none, sequence parallelism, scatter/gather
+ * exchanges and the plans the replay refuses. */
 #include "zp_pipe.h"
 #include "zp_sched.h"
 
@@ -84,6 +86,9 @@ static void test_replay_equals_built(void)
         {4, 2, 16, 2, 1, 0, ZP_PIPE_INTERLEAVED, ZP_IMPL_MEGATRON, TRUE, FALSE, FALSE, FALSE},
         {2, 3, 12, 2, 2, 1, ZP_PIPE_INTERLEAVED, ZP_IMPL_MEGATRON, FALSE, TRUE, TRUE, FALSE},
         {8, 1, 24, 1, 2, 1, ZP_PIPE_1F1B, ZP_IMPL_DEEPSPEED, FALSE, FALSE, FALSE, FALSE},
+        /* no pipeline: the blocks' one-pass writers alone, beside ZeRO 1's and 2's buckets */
+        {1, 1, 4, 2, 2, 1, ZP_PIPE_1F1B, ZP_IMPL_DEEPSPEED, TRUE, FALSE, FALSE, FALSE},
+        {1, 1, 3, 1, 4, 2, ZP_PIPE_1F1B, ZP_IMPL_DEEPSPEED, FALSE, FALSE, FALSE, FALSE},
         /* refused: p2p_sync's host waits and deferred sends (built op by op either way) */
         {4, 2, 8, 2, 1, 0, ZP_PIPE_INTERLEAVED, ZP_IMPL_MEGATRON, TRUE, FALSE, FALSE, TRUE},
     };

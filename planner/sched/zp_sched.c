@@ -338,7 +338,10 @@ static void link_sends(Builder *b)
     }
 }
 
-static ZpSchedule *build(const ZpModel *model, const ZpPlan *plan, gboolean replay,
+/* `fast`: a block's ops written in one pass each (Builder.blocks_direct) and a pipeline's
+ * actions written again from the last of their kind (zp_build_replay), where the plan lets
+ * them; without, every op through the emitters one by one, the schedule they must equal. */
+static ZpSchedule *build(const ZpModel *model, const ZpPlan *plan, gboolean fast,
                          GError **error)
 {
     ZpPlan normalized = *plan;
@@ -443,12 +446,12 @@ static ZpSchedule *build(const ZpModel *model, const ZpPlan *plan, gboolean repl
     Activations a = {g_new0(int, slots), g_new0(int, slots),
                      zp_mem_plan_activation_block_bytes(model, plan),
                      zp_zeror_checkpoint(model, plan), zp_mem_core_attention_bytes(model, plan)};
-    b.blocks_direct = !b.varied_blocks && !b.module_forward && !b.module_backward &&
+    b.blocks_direct = fast && !b.varied_blocks && !b.module_forward && !b.module_backward &&
                       plan->zero.stage != 3 && !plan->backend_workspace &&
                       (!plan->checkpoint || (!plan->ckpt.synchronize_checkpoint_boundary &&
                                              !(a.rule.copy_bytes > 0) && !a.rule.regathered &&
                                              a.rule.gpu_bytes > 0));
-    b.replay = replay && P > 1 ? zp_build_replay_new(zp_plan_vstages(plan)) : NULL;
+    b.replay = fast && P > 1 ? zp_build_replay_new(zp_plan_vstages(plan)) : NULL;
     GArray *deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
     b.step_deps = deps, b.step_deps_room = 0; /* zp_build_put_dep */
     GArray *launched = g_array_new(FALSE, FALSE, sizeof(uint32_t));

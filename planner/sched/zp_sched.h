@@ -36,8 +36,9 @@ typedef struct {
 /* Builds the schedule of one optimizer step (grad_accum micro-steps) for a rank.
  * The model must have an architecture. Fails naming the plan field that is invalid. */
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error);
-/* zp_sched_build with each pipeline action built op by op, none written again from the last
- * of its kind (zp_build_replay): the schedule zp_sched_build must equal, op for op (tests). */
+/* zp_sched_build with every op written through the emitters one by one: no block written in
+ * one pass (Builder.blocks_direct), no pipeline action written again from the last of its kind
+ * (zp_build_replay): the schedule zp_sched_build must equal, op for op (tests). */
 ZpSchedule *zp_sched_build_op_by_op(const ZpModel *model, const ZpPlan *plan, GError **error);
 
 /* What a rank of pipeline stage `stage` (0 <= stage < sched->stages) executes: the same ops
