@@ -354,11 +354,9 @@ static gboolean digest_from_json(ZpSchedule *s, json_t *digest, const char *path
     return TRUE;
 }
 
-ZpSchedule *zp_sched_read_json(const char *path, GError **error)
+/* zp_sched_read_json of the file at path, parsed: root, which it takes. */
+static ZpSchedule *read_json_root(json_t *root, const char *path, GError **error)
 {
-    json_t *root = zp_schedsize_check_file(path, error) ? zp_json_load_object(path, error) : NULL;
-    if (!root)
-        return NULL;
     ZpModel model;
     ZpPlan plan;
     const char *format = NULL;
@@ -442,6 +440,12 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error)
         g_array_unref(built_ops), g_array_unref(built_deps);
     json_decref(root);
     return s;
+}
+
+ZpSchedule *zp_sched_read_json(const char *path, GError **error)
+{
+    json_t *root = zp_schedsize_check_file(path, error) ? zp_json_load_object(path, error) : NULL;
+    return root ? read_json_root(root, path, error) : NULL;
 }
 
 /* Fails naming an op on a dependency cycle, if there is one (Kahn's algorithm; an op left
@@ -549,10 +553,8 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
     /* A pipeline's file (`zplan schedule --out` with --pp: "stages", each stage's view of its
      * model states and units) is read as zreal reads it, its ops and views held to those its
      * model and plan build: the graph below has no stage views to give a rank class. */
-    if (json_object_get(root, "stages")) {
-        json_decref(root);
-        return zp_sched_read_json(path, error);
-    }
+    if (json_object_get(root, "stages"))
+        return read_json_root(root, path, error);
     /* A planner's file simulates whatever its digest says: zreal is the one to refuse edits. */
     static const char *const keys[] = {"format", "world", "groups", "ops", "state_bytes",
                                        "precision", "model", "plan", "elem_bytes", "units",
