@@ -1,5 +1,6 @@
 /* Tests of the output-path rule (zp_outpath): a FIFO, a character device and standard output are
- * written in place, a link is followed, a directory is refused, through every zplan writer. */
+ * written in place, a link is followed, a directory is refused, through every zplan writer; a
+ * streamed file appears whole or not at all. */
 #include "testutil.h"
 #include "zp_outpath.h"
 
@@ -259,6 +260,109 @@ static void test_resolve(void)
     g_free(file), g_free(link), g_free(loop), g_free(dir);
 }
 
+static char *read_text(const char *path, gsize *length)
+{
+    char *text = NULL;
+    g_assert_true(g_file_get_contents(path, &text, length, NULL));
+    return text;
+}
+
+static guint dir_entries(const char *dir)
+{
+    GDir *d = g_dir_open(dir, 0, NULL);
+    guint n = 0;
+    while (g_dir_read_name(d))
+        n++;
+    g_dir_close(d);
+    return n;
+}
+
+/* The stream itself: pieces smaller and larger than its buffer arrive whole and in order; the
+ * target appears only at close and keeps its mode; an abort leaves the target as it was and
+ * no temporary behind. */
+static void test_stream(void)
+{
+    char *dir = make_tmp_dir();
+    char *path = g_build_filename(dir, "out.txt", NULL);
+    g_assert_true(g_file_set_contents(path, "old", -1, NULL));
+    g_assert_cmpint(g_chmod(path, 0640), ==, 0);
+    GString *expect = g_string_new(NULL);
+    GError *error = NULL;
+    ZpOutStream *out = zp_out_stream_open(path, &error);
+    g_assert_no_error(error);
+    const gsize sizes[] = {1, 17, ZP_OUT_STREAM_BUFFER - 5, 3 * ZP_OUT_STREAM_BUFFER + 1, 9,
+                           ZP_OUT_STREAM_BUFFER, 0, 2};
+    for (guint i = 0; i < G_N_ELEMENTS(sizes); i++) {
+        char *piece = g_malloc(sizes[i] + 1);
+        for (gsize k = 0; k < sizes[i]; k++)
+            piece[k] = (char)('a' + (i * 7 + k) % 26);
+        g_assert_true(zp_out_stream_write(out, piece, sizes[i], &error));
+        g_string_append_len(expect, piece, (gssize)sizes[i]);
+        g_free(piece);
+    }
+    gsize length = 0;
+    char *text = read_text(path, &length);
+    g_assert_cmpstr(text, ==, "old"); /* not yet: the pieces went to a temporary */
+    g_free(text);
+    g_assert_true(zp_out_stream_close(out, &error));
+    g_assert_no_error(error);
+    text = read_text(path, &length);
+    g_assert_cmpuint(length, ==, expect->len);
+    g_assert_true(memcmp(text, expect->str, length) == 0);
+    g_free(text);
+    g_assert_cmpint(lmode(path) & 0777, ==, 0640);
+    g_assert_cmpuint(dir_entries(dir), ==, 1);
+    out = zp_out_stream_open(path, &error);
+    g_assert_true(zp_out_stream_write(out, "new", 3, &error));
+    zp_out_stream_abort(out);
+    text = read_text(path, &length);
+    g_assert_cmpuint(length, ==, expect->len); /* as it was */
+    g_free(text);
+    g_assert_cmpuint(dir_entries(dir), ==, 1);
+    g_string_free(expect, TRUE);
+    remove_tree(dir);
+    g_free(path), g_free(dir);
+}
+
+/* A write that fails part way into a regular file (here past `ulimit -f`, as a full disk
+ * would): one line naming the file and the reason, exit 1, the file as it was and no
+ * temporary left beside it. Through the trace's writer and JSON's (schedule --out). */
+static void test_failed_write(void)
+{
+    char *dir = make_tmp_dir();
+    const char *commands[] = {
+        "simulate --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 2 "
+        "--trace {F}",
+        "schedule --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 2 "
+        "--out {F}",
+    };
+    for (guint i = 0; i < G_N_ELEMENTS(commands); i++) {
+        char *file = g_strdup_printf("%s/out-%u.json", dir, i);
+        g_assert_true(g_file_set_contents(file, "old", -1, NULL));
+        char **parts = g_strsplit(commands[i], "{F}", -1);
+        char *args = g_strjoinv(file, parts);
+        g_strfreev(parts);
+        /* 64 blocks of 1,024 bytes (bash's unit; dash's is 512): both texts are larger.
+         * SIGXFSZ ignored, so the write fails with EFBIG instead of killing the process. */
+        char *cmd = g_strdup_printf("sh -c 'ulimit -f 64; trap \"\" XFSZ; exec %s/zplan %s'",
+                                    ZP_BUILD_DIR, args);
+        TuRun r = tu_run(cmd, NULL);
+        g_test_message("%s: %s", args, r.err);
+        g_assert_cmpint(exit_status(&r), ==, 1);
+        g_assert_nonnull(strstr(r.err, file));
+        g_assert_nonnull(strstr(r.err, g_strerror(EFBIG)));
+        g_assert_cmpint(strchr(r.err, '\n') - r.err, ==, (long)strlen(r.err) - 1);
+        char *text = read_text(file, NULL);
+        g_assert_cmpstr(text, ==, "old");
+        g_free(text);
+        g_assert_cmpuint(dir_entries(dir), ==, i + 1);
+        tu_free(&r);
+        g_free(cmd), g_free(args), g_free(file);
+    }
+    remove_tree(dir);
+    g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -268,5 +372,7 @@ int main(int argc, char **argv)
     g_test_add_func("/outpath/directory", test_directory);
     g_test_add_func("/outpath/stdout", test_stdout);
     g_test_add_func("/outpath/resolve", test_resolve);
+    g_test_add_func("/outpath/stream", test_stream);
+    g_test_add_func("/outpath/failed-write", test_failed_write);
     return g_test_run();
 }

@@ -107,74 +107,165 @@ gboolean zp_out_resolve(const char *path, ZpOutKind *kind, char **target, GError
     return TRUE;
 }
 
-static gboolean write_stdout(const char *contents, gsize length, GError **error)
+struct ZpOutStream {
+    ZpOutKind kind;
+    int fd;           /* ZP_OUT_STREAM and ZP_OUT_FILE; -1 for standard output */
+    char *target;     /* the path written, or renamed onto (NULL for standard output) */
+    char *temporary;  /* ZP_OUT_FILE: the file written until the rename */
+    gboolean existed; /* ZP_OUT_FILE: the target was there (synced before the rename) */
+    GError *failed;   /* the first failed write: later ones are not tried */
+    gsize used;
+    char buffer[];
+};
+
+static const char *stream_name(const ZpOutStream *out)
 {
-    if (fwrite(contents, 1, length, stdout) != length || fflush(stdout) == EOF) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "writing to standard output: %s",
-                    g_strerror(errno));
-        return FALSE;
-    }
-    return TRUE;
+    return out->target ? out->target : "standard output";
 }
 
-/* In place, as `cat > path` would: a FIFO blocks until its reader opens it. */
-static gboolean write_stream(const char *path, const char *contents, gsize length, GError **error)
+/* Writes every byte at once (write(2) may write fewer, or be interrupted). */
+static gboolean write_all(int fd, const char *data, gsize length)
 {
-    const int fd = g_open(path, O_WRONLY | O_CLOEXEC, 0);
-    if (fd < 0) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: %s", path, g_strerror(errno));
-        return FALSE;
-    }
-    gsize done = 0;
-    while (done < length) {
-        const ssize_t n = write(fd, contents + done, length - done);
+    while (length > 0) {
+        const ssize_t n = write(fd, data, length);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: %s", path,
-                        n < 0 ? g_strerror(errno) : "wrote nothing");
-            close(fd);
+            if (n == 0)
+                errno = EIO;
             return FALSE;
         }
-        done += (gsize)n;
-    }
-    if (close(fd) != 0) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: %s", path, g_strerror(errno));
-        return FALSE;
+        data += n, length -= (gsize)n;
     }
     return TRUE;
 }
 
-/* A temporary file beside path and a rename (g_file_set_contents_full); a file that exists keeps
- * its permission bits. */
-static gboolean write_file(const char *path, const char *contents, gsize length, GError **error)
+/* Writes data out now; the first failure is kept, and nothing is tried after it. */
+static gboolean stream_put(ZpOutStream *out, const char *data, gsize length)
 {
-    struct stat st;
-    const int mode = stat(path, &st) == 0 ? (int)(st.st_mode & 07777) : 0666;
-    return g_file_set_contents_full(path, contents, (gssize)length,
-                                    G_FILE_SET_CONTENTS_CONSISTENT, mode, error);
+    if (out->failed || length == 0)
+        return !out->failed;
+    const gboolean ok = out->fd < 0 ? fwrite(data, 1, length, stdout) == length
+                                    : write_all(out->fd, data, length);
+    if (!ok)
+        g_set_error(&out->failed, ZP_ERROR, ZP_ERROR_IO, "%s%s: %s",
+                    out->fd < 0 ? "writing to " : "", stream_name(out), g_strerror(errno));
+    return ok;
 }
 
-gboolean zp_out_write(const char *path, const char *contents, gsize length, GError **error)
+static gboolean stream_flush(ZpOutStream *out)
+{
+    const gsize used = out->used;
+    out->used = 0;
+    return stream_put(out, out->buffer, used);
+}
+
+ZpOutStream *zp_out_stream_open(const char *path, GError **error)
 {
     ZpOutKind kind;
     char *target = NULL;
     if (!zp_out_resolve(path, &kind, &target, error))
-        return FALSE;
-    gboolean ok;
-    switch (kind) {
-    case ZP_OUT_STDOUT:
-        ok = write_stdout(contents, length, error);
-        break;
-    case ZP_OUT_STREAM:
-        ok = write_stream(target, contents, length, error);
-        break;
-    default:
-        ok = write_file(target, contents, length, error);
-        break;
+        return NULL;
+    ZpOutStream *out = g_malloc0(sizeof *out + ZP_OUT_STREAM_BUFFER);
+    out->kind = kind;
+    out->target = target;
+    out->fd = -1;
+    if (kind == ZP_OUT_STREAM) {
+        /* In place, as `cat > path` would: a FIFO blocks until its reader opens it. */
+        out->fd = g_open(target, O_WRONLY | O_CLOEXEC, 0);
+    } else if (kind == ZP_OUT_FILE) {
+        /* As g_file_set_contents_full: a file that exists keeps its permission bits. */
+        struct stat st;
+        out->existed = stat(target, &st) == 0;
+        out->temporary = g_strdup_printf("%s.XXXXXX", target);
+        out->fd = g_mkstemp_full(out->temporary, O_WRONLY | O_CLOEXEC,
+                                 out->existed ? (int)(st.st_mode & 07777) : 0666);
     }
-    g_free(target);
-    return ok;
+    if (kind != ZP_OUT_STDOUT && out->fd < 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: %s", target, g_strerror(errno));
+        g_free(out->temporary);
+        out->temporary = NULL; /* nothing was made */
+        zp_out_stream_abort(out);
+        return NULL;
+    }
+    return out;
+}
+
+gboolean zp_out_stream_write(ZpOutStream *out, const char *data, gsize length, GError **error)
+{
+    if (length >= ZP_OUT_STREAM_BUFFER) {
+        /* Already a whole write (a trace's gathered lines): not copied through the buffer. */
+        stream_flush(out);
+        stream_put(out, data, length);
+    } else {
+        if (length > ZP_OUT_STREAM_BUFFER - out->used)
+            stream_flush(out);
+        memcpy(out->buffer + out->used, data, length);
+        out->used += length;
+    }
+    if (out->failed && error)
+        *error = g_error_copy(out->failed);
+    return !out->failed;
+}
+
+void zp_out_stream_abort(ZpOutStream *out)
+{
+    if (!out)
+        return;
+    if (out->fd >= 0)
+        close(out->fd);
+    if (out->temporary)
+        g_unlink(out->temporary);
+    if (out->failed)
+        g_error_free(out->failed);
+    g_free(out->temporary);
+    g_free(out->target);
+    g_free(out);
+}
+
+gboolean zp_out_stream_close(ZpOutStream *out, GError **error)
+{
+    gboolean ok = stream_flush(out);
+    if (ok && out->fd < 0 && fflush(stdout) == EOF) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "writing to standard output: %s",
+                    g_strerror(errno));
+        zp_out_stream_abort(out);
+        return FALSE;
+    }
+    if (!ok) {
+        g_propagate_error(error, out->failed);
+        out->failed = NULL;
+        zp_out_stream_abort(out);
+        return FALSE;
+    }
+    const char *step = NULL;
+    if (out->kind == ZP_OUT_FILE && out->existed && fsync(out->fd) != 0)
+        step = "sync";
+    const int fd = out->fd;
+    out->fd = -1;
+    if (fd >= 0 && close(fd) != 0 && !step)
+        step = "close";
+    if (!step && out->kind == ZP_OUT_FILE && g_rename(out->temporary, out->target) != 0)
+        step = "rename";
+    if (step) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: %s failed: %s", out->target, step,
+                    g_strerror(errno));
+        zp_out_stream_abort(out);
+        return FALSE;
+    }
+    g_free(out->temporary);
+    out->temporary = NULL; /* renamed: the target now */
+    zp_out_stream_abort(out);
+    return TRUE;
+}
+
+gboolean zp_out_write(const char *path, const char *contents, gsize length, GError **error)
+{
+    ZpOutStream *out = zp_out_stream_open(path, error);
+    if (!out)
+        return FALSE;
+    zp_out_stream_write(out, contents, length, NULL); /* a failure: close reports it */
+    return zp_out_stream_close(out, error);
 }
 
 gboolean zp_check_out_path(const char *path, const char *flag, GError **error)
@@ -215,24 +306,25 @@ gboolean zp_check_out_path(const char *path, const char *flag, GError **error)
     return fd >= 0;
 }
 
+static int dump_piece(const char *buffer, size_t size, void *data)
+{
+    return zp_out_stream_write(data, buffer, size, NULL) ? 0 : -1;
+}
+
 gboolean zp_json_write(json_t *value, const char *path, GError **error)
 {
-    char *text = json_dumps(value, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    if (!text) {
+    ZpOutStream *out = zp_out_stream_open(path, error);
+    if (!out)
+        return FALSE;
+    /* Streamed: json_dumps held the whole text (a schedule of 3.8 million ops is about 1.5 GB
+     * of it) on top of the tree. A failed write stops the dump; close then reports it. */
+    const int dumped = json_dump_callback(value, dump_piece, out, JSON_INDENT(2) |
+                                          JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    const gboolean written = zp_out_stream_write(out, "\n", 1, NULL);
+    if (dumped != 0 && written) { /* jansson's own failure, not a write's */
         g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON");
+        zp_out_stream_abort(out);
         return FALSE;
     }
-    /* The newline goes onto Jansson's own buffer: a copy would hold the text twice (a schedule
-     * of 3.8 million ops is about 1.5 GB of it). */
-    const size_t length = strlen(text);
-    char *line = realloc(text, length + 2);
-    if (!line) {
-        free(text);
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON: out of memory");
-        return FALSE;
-    }
-    line[length] = '\n', line[length + 1] = '\0';
-    const gboolean ok = zp_out_write(path, line, length + 1, error);
-    free(line);
-    return ok;
+    return zp_out_stream_close(out, error);
 }

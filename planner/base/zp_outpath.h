@@ -24,12 +24,41 @@ gboolean zp_out_resolve(const char *path, ZpOutKind *kind, char **target, GError
 /* Writes `length` bytes of `contents` to path by the rule above; every write is checked. */
 gboolean zp_out_write(const char *path, const char *contents, gsize length, GError **error);
 
+/* Text too large to hold whole (a trace, a schedule of millions of ops), written piece by
+ * piece by zp_out_write's rule: a regular file's pieces go to a temporary file beside it (its
+ * mode as zp_out_write gives it), renamed over the target only by zp_out_stream_close, so a
+ * failure leaves the target as it was and no temporary behind; a FIFO, a device or standard
+ * output gets each piece as it comes. Small pieces are gathered into writes of
+ * ZP_OUT_STREAM_BUFFER bytes (a piece as large goes straight out), so memory stays at that
+ * whatever the text's length. */
+#define ZP_OUT_STREAM_BUFFER (256u << 10)
+typedef struct ZpOutStream ZpOutStream;
+
+/* Opens path for writing, as zp_out_resolve classifies it; NULL, with the path and why, where
+ * it cannot be (a refused path, a directory the temporary cannot be made in). */
+ZpOutStream *zp_out_stream_open(const char *path, GError **error);
+
+/* Appends length bytes. A failed write is reported here or by a later call, naming the path
+ * and the system's reason; the stream must still be closed or aborted. */
+gboolean zp_out_stream_write(ZpOutStream *out, const char *data, gsize length, GError **error);
+
+/* Writes what is buffered, then for a regular file syncs it where the target existed (as
+ * g_file_set_contents_full's G_FILE_SET_CONTENTS_CONSISTENT does) and renames it over the
+ * target. FALSE if any write, the sync or the rename failed: the temporary is removed and the
+ * target untouched. Frees out either way. */
+gboolean zp_out_stream_close(ZpOutStream *out, GError **error);
+
+/* Gives up: a regular file's temporary is removed, the target untouched. Frees out; NULL is
+ * ignored. */
+void zp_out_stream_abort(ZpOutStream *out);
+
 /* An output path given by `flag`, checked before any work: zp_out_resolve accepts it, and for a
  * file, one can be created beside its target (a probe file is made and removed). */
 gboolean zp_check_out_path(const char *path, const char *flag, GError **error);
 
 /* Dumps JSON (indented, keys in insertion order) to path by zp_out_write's rule (NULL or "-":
- * standard output); a failed write is an error. */
+ * standard output), streamed (zp_out_stream_open): the text is never held whole; a failed
+ * write is an error. */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
 #endif
