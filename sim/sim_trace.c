@@ -1,5 +1,5 @@
-/* sim_trace: formats the trace by hand into one string (a step on many ranks has millions of
- * events, too many for a JSON object tree) and writes it through a temporary file and rename. */
+/* sim_trace: formats the trace by hand (a step on many ranks has millions of events, too many
+ * for a JSON object tree) and streams it out a piece at a time (zp_out_stream_open). */
 #include "sim_trace.h"
 #include "zp_budget.h"
 #include "zp_outpath.h"
@@ -81,21 +81,62 @@ static char *collective_label(const ZpSchedule *s, const ZpOp *op, Ordinals *n)
     return g_string_free(out, FALSE);
 }
 
-/* Labels of every op (NULL for alloc and free), shared by all ranks. */
-static char **op_labels(const ZpSchedule *s)
+/* Labels of every op (NULL for alloc and free), shared by all ranks; each distinct label is
+ * kept once in `chunk` (a step repeats "fwd L12" every micro-step). */
+static const char **op_labels(const ZpSchedule *s, GStringChunk *chunk)
 {
-    char **labels = g_new0(char *, s->ops->len);
+    const char **labels = g_new0(const char *, s->ops->len);
     Ordinals n = {.micro = -2};
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_COMPUTE)
-            labels[i] = compute_label(s, op);
-        else if (op->kind == ZP_OP_COLLECTIVE)
-            labels[i] = collective_label(s, op, &n);
-        else if (op->kind == ZP_OP_TRANSFER)
-            labels[i] = g_strdup(transfer_labels[op->sub]);
+        char *label = op->kind == ZP_OP_COMPUTE      ? compute_label(s, op)
+                      : op->kind == ZP_OP_COLLECTIVE ? collective_label(s, op, &n)
+                      : op->kind == ZP_OP_TRANSFER   ? g_strdup(transfer_labels[op->sub])
+                                                     : NULL;
+        if (label)
+            labels[i] = g_string_chunk_insert_const(chunk, label);
+        g_free(label);
     }
     return labels;
+}
+
+/* The text on its way out: event lines are gathered in `text` and written a buffer's worth
+ * (ZP_OUT_STREAM_BUFFER) at a time, less the last line's ",\n", which the closing line
+ * replaces. */
+typedef struct {
+    GString *text;
+    ZpOutStream *out;
+    gboolean failed; /* a write failed: the rest is not formatted; close says why */
+    /* The ops of stage k, in order: by_stage[stage_start[k] .. stage_start[k + 1]) (a rank
+     * reads its own stage's, not all: Megatron 1T's trace is 64 ranks of 917,000 ops). */
+    uint32_t *by_stage, *stage_start;
+} TraceOut;
+
+/* Counts the ops of each stage, then places them (a counting sort, stable). */
+static void index_stages(TraceOut *w, const ZpSchedule *s, uint32_t n_ops)
+{
+    const uint32_t stages = (uint32_t)MAX(s->stages, 1);
+    w->stage_start = g_new0(uint32_t, stages + 1);
+    w->by_stage = g_new(uint32_t, n_ops ? n_ops : 1);
+    for (uint32_t i = 0; i < n_ops; i++)
+        if (zp_sched_op(s, i)->stage < stages)
+            w->stage_start[zp_sched_op(s, i)->stage + 1]++;
+    for (uint32_t k = 0; k < stages; k++)
+        w->stage_start[k + 1] += w->stage_start[k];
+    uint32_t *next = g_memdup2(w->stage_start, stages * sizeof *next);
+    for (uint32_t i = 0; i < n_ops; i++)
+        if (zp_sched_op(s, i)->stage < stages)
+            w->by_stage[next[zp_sched_op(s, i)->stage]++] = i;
+    g_free(next);
+}
+
+static void spill(TraceOut *w)
+{
+    const gsize keep = 2; /* ",\n" */
+    if (w->text->len < ZP_OUT_STREAM_BUFFER + keep || w->failed)
+        return; /* (the stream writes a piece of its buffer's size straight out) */
+    w->failed = !zp_out_stream_write(w->out, w->text->str, w->text->len - keep, NULL);
+    g_string_erase(w->text, 0, (gssize)(w->text->len - keep));
 }
 
 /* Times go out as whole nanoseconds printed in microseconds, so an op's ts + dur is exactly
@@ -117,8 +158,9 @@ static uint32_t stage_of(const ZpSchedule *s, const SimResult *r, int pid)
     return (r->first_rank[pid] / (uint32_t)s->plan.mp) % (uint32_t)MAX(r->stages, 1);
 }
 
-static void append_metadata(GString *out, const ZpSchedule *s, const SimResult *r, int pid)
+static void append_metadata(TraceOut *w, const ZpSchedule *s, const SimResult *r, int pid)
 {
+    GString *out = w->text;
     const uint32_t first = r->first_rank[pid], stages = (uint32_t)MAX(r->stages, 1);
     if (r->mode == SIM_MODE_FOLDED && r->rank_count[pid] < (uint32_t)s->world / stages)
         g_string_append_printf(out,
@@ -146,10 +188,10 @@ static void append_metadata(GString *out, const ZpSchedule *s, const SimResult *
     /* Only the tracks this rank's stage puts an op on: a declared empty track reads as a
      * stream that idled all step. */
     gboolean used[ZP_STREAM_N] = {FALSE};
-    for (guint i = 0; i < s->ops->len; i++) {
-        const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE && op->stream < ZP_STREAM_N &&
-            op->stage == stage_of(s, r, pid))
+    const uint32_t stage = stage_of(s, r, pid);
+    for (uint32_t k = w->stage_start[stage]; k < w->stage_start[stage + 1]; k++) {
+        const ZpOp *op = zp_sched_op(s, w->by_stage[k]);
+        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE && op->stream < ZP_STREAM_N)
             used[op->stream] = TRUE;
     }
     for (int t = 0; t < ZP_STREAM_N; t++)
@@ -169,13 +211,16 @@ static size_t row_of(const SimResult *r, int pid)
     return base;
 }
 
-static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, int pid,
-                       char **labels)
+static void append_ops(TraceOut *w, const ZpSchedule *s, const SimResult *r, int pid,
+                       const char **labels)
 {
+    GString *out = w->text;
     const size_t base = row_of(r, pid);
-    for (uint32_t i = 0; i < r->n_ops; i++) {
+    const uint32_t stage = stage_of(s, r, pid);
+    for (uint32_t k = w->stage_start[stage]; k < w->stage_start[stage + 1] && !w->failed; k++) {
+        const uint32_t i = w->by_stage[k];
         const ZpOp *op = zp_sched_op(s, i);
-        if (!labels[i] || op->stage != stage_of(s, r, pid)) /* another stage's op */
+        if (!labels[i]) /* an alloc or a free */
             continue;
         const int64_t start_ns = to_ns(r->op_start_s[base + i]);
         const int64_t ready_ns = to_ns(r->op_ready_s[base + i]);
@@ -203,6 +248,7 @@ static void append_ops(GString *out, const ZpSchedule *s, const SimResult *r, in
             g_string_append_printf(out, "\"flops\":%.6g}},\n", op->flops);
         else
             g_string_append_printf(out, "\"bytes\":%.6g}},\n", op->bytes);
+        spill(w);
     }
 }
 
@@ -231,26 +277,30 @@ static void append_counter(GString *out, int pid, double time_s, const double *l
 }
 
 /* The live bytes of each category after every instant at which some buffer changed. */
-static void append_memory(GString *out, const ZpSchedule *s, const SimResult *r, int pid,
+static void append_memory(TraceOut *w, const ZpSchedule *s, const SimResult *r, int pid,
                           MemoryChange *changes)
 {
     const size_t base = row_of(r, pid);
+    const uint32_t stage = stage_of(s, r, pid);
     size_t n = 0;
-    for (uint32_t i = 0; i < r->n_ops; i++) {
+    for (uint32_t k = w->stage_start[stage]; k < w->stage_start[stage + 1]; k++) {
+        const uint32_t i = w->by_stage[k];
         const ZpOp *op = zp_sched_op(s, i);
-        if ((op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE) && op->stage == stage_of(s, r, pid))
+        if (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE)
             changes[n++] = (MemoryChange){r->op_start_s[base + i], i};
     }
     qsort(changes, n, sizeof *changes, compare_changes);
     double live[ZP_MEM_N];
-    memcpy(live, r->stages > 1 ? &s->stage_state_bytes[stage_of(s, r, pid) * ZP_MEM_N]
-                               : s->state_bytes, sizeof live);
-    append_counter(out, pid, 0.0, live);
-    for (size_t k = 0; k < n; k++) {
+    memcpy(live, r->stages > 1 ? &s->stage_state_bytes[stage * ZP_MEM_N] : s->state_bytes,
+           sizeof live);
+    append_counter(w->text, pid, 0.0, live);
+    for (size_t k = 0; k < n && !w->failed; k++) {
         const ZpOp *op = zp_sched_op(s, changes[k].op);
         live[op->sub] += op->kind == ZP_OP_ALLOC ? op->bytes : -op->bytes;
-        if (k + 1 == n || changes[k + 1].time_s != changes[k].time_s)
-            append_counter(out, pid, changes[k].time_s, live);
+        if (k + 1 == n || changes[k + 1].time_s != changes[k].time_s) {
+            append_counter(w->text, pid, changes[k].time_s, live);
+            spill(w);
+        }
     }
 }
 
@@ -303,11 +353,12 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
         return FALSE;
     }
     GArray *ranks = traced_ranks(sched, result);
-    /* The trace's text is built whole (zp_out_write replaces a file atomically): said before,
-     * at about 150 bytes an event line and at most two lines an op (its span, a memory
-     * counter) for each rank traced. */
-    const double events = 2.0 * result->n_ops * ranks->len;
-    if (!zp_budget_check("the trace", events, "events", 0, NULL, events * 160.0, error)) {
+    /* The text is streamed; what is held is a label pointer, a memory change and an index
+     * entry an op, and the stream's buffer (said before, as the engine's own state is). */
+    const double held_bytes =
+        (double)result->n_ops * (sizeof(char *) + sizeof(MemoryChange) + sizeof(uint32_t)) +
+        2.0 * ZP_OUT_STREAM_BUFFER;
+    if (!zp_budget_check("the trace", result->n_ops, "ops", 0, NULL, held_bytes, error)) {
         g_array_free(ranks, TRUE);
         return FALSE;
     }
@@ -320,32 +371,44 @@ gboolean sim_trace_write(const ZpSchedule *sched, const SimResult *result, const
             g_array_free(ranks, TRUE);
             return FALSE;
         }
-    char **labels = op_labels(sched);
+    TraceOut w = {.out = zp_out_stream_open(path, error)};
+    if (!w.out) {
+        g_array_free(ranks, TRUE);
+        return FALSE;
+    }
+    GStringChunk *chunk = g_string_chunk_new(4096);
+    const char **labels = op_labels(sched, chunk);
+    index_stages(&w, sched, result->n_ops);
     MemoryChange *changes = g_new(MemoryChange, result->n_ops ? result->n_ops : 1);
-    GString *out = g_string_new("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    for (guint k = 0; k < ranks->len; k++) {
+    w.text = g_string_sized_new(ZP_OUT_STREAM_BUFFER + 4096);
+    g_string_append(w.text, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    for (guint k = 0; k < ranks->len && !w.failed; k++) {
         const int pid = g_array_index(ranks, int, k);
-        append_metadata(out, sched, result, pid);
-        append_ops(out, sched, result, pid, labels);
-        append_memory(out, sched, result, pid, changes);
+        append_metadata(&w, sched, result, pid);
+        append_ops(&w, sched, result, pid, labels);
+        append_memory(&w, sched, result, pid, changes);
         if (progress)
             progress((double)(k + 1) / ranks->len, progress_ctx);
     }
     const guint ranks_traced = ranks->len;
     g_array_free(ranks, TRUE);
     /* Every event line ends in ",\n"; JSON allows no comma after the last one. */
-    g_string_truncate(out, out->len - 2);
-    g_string_append_printf(out,
+    g_string_truncate(w.text, w.text->len - 2);
+    g_string_append_printf(w.text,
                            "\n],\"otherData\":{\"step_time_s\":%.17g,\"mode\":\"%s\","
                            "\"ranks_simulated\":%d,\"ranks_traced\":%u}}\n",
                            result->step_time_s, sim_mode_name(result->mode),
                            result->ranks_simulated, ranks_traced);
-    const gboolean ok = zp_out_write(path, out->str, out->len, error);
-    g_string_free(out, TRUE);
+    /* A failed write was kept by the stream: close reports it and removes the temporary. */
+    if (!w.failed)
+        zp_out_stream_write(w.out, w.text->str, w.text->len, NULL);
+    const gboolean ok = zp_out_stream_close(w.out, error);
+    g_string_free(w.text, TRUE);
     g_free(changes);
-    for (uint32_t i = 0; i < result->n_ops; i++)
-        g_free(labels[i]);
     g_free(labels);
+    g_string_chunk_free(chunk);
+    g_free(w.by_stage);
+    g_free(w.stage_start);
     return ok;
 }
 

@@ -171,15 +171,16 @@ static void test_zreal_micro_batch(void)
                    "buffers peak at 164.3 GB");
 }
 
-/* The trace's text is said before it is built: 64 explicit ranks of tiny make about 4,100
- * events (0.66 MB), past a budget of 300 KB that the schedule and the simulation fit in; the
- * variable itself is checked. */
+/* What the trace holds is said before it is written: its text is streamed, so that is its
+ * two buffers (0.5 MB) and a few words an op of tiny's 32, past a budget of 300 KB that the
+ * schedule and the simulation fit in; nothing is left at the path. The variable itself is
+ * checked. */
 static void test_trace_said_first(void)
 {
     char *trace = g_build_filename(tmp_dir, "trace.json", NULL);
     char *cmd = g_strdup_printf("zplan simulate --model tiny --cluster dgx-h100 --gpus 64 "
                                 "--stage 1 --micro-batch 1 --explicit --trace %s", trace);
-    assert_refused(cmd, "300KB", "--trace: the trace: about 4.1e+03 events need 0.000655 GB, "
+    assert_refused(cmd, "300KB", "--trace: the trace: about 32 ops need 0.000525 GB, "
                                  "more than the 0.0003 GB this machine has available "
                                  "(ZPLAN_MEMORY_AVAILABLE)");
     g_assert_false(g_file_test(trace, G_FILE_TEST_EXISTS));
