@@ -33,6 +33,38 @@ static double x_of(double t_s, double end_s)
     return LEFT + (WIDTH - LEFT - 10) * (end_s > 0 ? t_s / end_s : 0);
 }
 
+/* The rank the page draws: the reported one, its row of the timeline and its pipeline
+ * stage. A pipeline's schedule holds every stage's ops and a rank runs its own stage's only;
+ * the others' have no times in its row. */
+typedef struct {
+    const double *start_s, *end_s;
+    uint32_t stage;
+    const double *state_bytes; /* held all step: its stage's */
+} Drawn;
+
+static gboolean drawn_rank(const ZpSchedule *s, const SimResult *r, Drawn *d)
+{
+    size_t base = 0;
+    if (!sim_result_timeline_row(r, (uint32_t)r->report_rank, &base))
+        return FALSE;
+    d->start_s = r->op_start_s + base;
+    d->end_s = r->op_end_s + base;
+    /* World ranks go tp fastest, then stage (cli_simulate_out.c ops_json). */
+    d->stage = (r->first_rank[r->report_rank] / (uint32_t)s->plan.mp) %
+               (uint32_t)MAX(r->stages, 1);
+    d->state_bytes = r->stages > 1 && s->stage_state_bytes
+                         ? &s->stage_state_bytes[d->stage * ZP_MEM_N]
+                         : s->state_bytes;
+    return TRUE;
+}
+
+/* An op the drawn rank runs (its stage's) and draws on a stream's row. */
+static gboolean drawn_on_stream(const ZpOp *op, const Drawn *d)
+{
+    return op->stage == d->stage && op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE &&
+           op->stream < ZP_STREAM_N;
+}
+
 /* Live bytes per category after each alloc or free of the reported rank, in time order
  * (ops start in list order within a rank's walk; equal times keep list order). */
 typedef struct {
@@ -47,19 +79,19 @@ static gint by_time(gconstpointer a, gconstpointer b, gpointer data)
     return (x > y) - (x < y);
 }
 
-static GArray *memory_points(const ZpSchedule *s, const SimResult *r)
+static GArray *memory_points(const ZpSchedule *s, const Drawn *d)
 {
-    const double *start = r->op_start_s + (size_t)r->report_rank * r->n_ops;
+    const double *start = d->start_s;
     GArray *order = g_array_new(FALSE, FALSE, sizeof(guint));
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE)
+        if ((op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE) && op->stage == d->stage)
             g_array_append_val(order, i);
     }
     g_array_sort_with_data(order, by_time, (gpointer)start);
     GArray *points = g_array_new(FALSE, FALSE, sizeof(MemPoint));
     MemPoint p = {0};
-    memcpy(p.live, s->state_bytes, sizeof p.live);
+    memcpy(p.live, d->state_bytes, sizeof p.live);
     g_array_append_val(points, p);
     for (guint k = 0; k < order->len; k++) {
         const guint i = g_array_index(order, guint, k);
@@ -83,9 +115,10 @@ static void svg_open(GString *out, const char *title, double height)
 
 /* Stacked areas, one polygon per category (its band between the sum below and the sum with
  * it), the GPU's capacity as a red line. */
-static void memory_svg(GString *out, const ZpSchedule *s, const SimResult *r, const ZpHw *hw)
+static void memory_svg(GString *out, const ZpSchedule *s, const SimResult *r, const Drawn *d,
+                       const ZpHw *hw)
 {
-    GArray *pts = memory_points(s, r);
+    GArray *pts = memory_points(s, d);
     const double H = 260, end = r->step_time_s;
     double top = hw->gpu_memory_bytes;
     for (guint k = 0; k < pts->len; k++) {
@@ -96,6 +129,9 @@ static void memory_svg(GString *out, const ZpSchedule *s, const SimResult *r, co
     }
     top *= 1.05;
     svg_open(out, "Memory of the reported rank over the step, stacked by category", H + 60);
+    /* A band's lower edge runs back from the step's end: its points, written in reverse
+     * (prepending each to a string was quadratic: Megatron 1T's 130,000 points took minutes). */
+    double *lower_xy = g_new(double, 4 * (gsize)pts->len);
     for (int c = 0; c < ZP_MEM_N; c++) {
         GString *upper = g_string_new(NULL), *lower = g_string_new(NULL);
         for (guint k = 0; k < pts->len; k++) {
@@ -107,16 +143,19 @@ static void memory_svg(GString *out, const ZpSchedule *s, const SimResult *r, co
             const double y0 = 10 + H * (1 - below / top), y1 = 10 + H * (1 - (below + p->live[c]) / top);
             g_string_append_printf(upper, "%.1f,%.1f %.1f,%.1f ", x_of(p->t_s, end), y1,
                                    x_of(t1, end), y1);
-            char pair[64];
-            g_snprintf(pair, sizeof pair, "%.1f,%.1f %.1f,%.1f ", x_of(t1, end), y0,
-                       x_of(p->t_s, end), y0);
-            g_string_prepend(lower, pair);
+            double *xy = &lower_xy[4 * (gsize)k];
+            xy[0] = x_of(t1, end), xy[1] = y0, xy[2] = x_of(p->t_s, end), xy[3] = y0;
+        }
+        for (guint k = pts->len; k-- > 0;) {
+            const double *xy = &lower_xy[4 * (gsize)k];
+            g_string_append_printf(lower, "%.1f,%.1f %.1f,%.1f ", xy[0], xy[1], xy[2], xy[3]);
         }
         g_string_append_printf(out, "<polygon fill=\"%s\" stroke=\"none\" points=\"%s%s\"><title>%s"
                                     "</title></polygon>\n",
                                COLOUR(c), upper->str, lower->str, zp_sched_mem_name(c));
         g_string_free(upper, TRUE), g_string_free(lower, TRUE);
     }
+    g_free(lower_xy);
     const double cap_y = 10 + H * (1 - hw->gpu_memory_bytes / top);
     g_string_append_printf(out, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" "
                                 "stroke=\"#d00\" stroke-width=\"2\"/><text x=\"%.0f\" y=\"%.1f\" "
@@ -167,14 +206,13 @@ static guint name_index(const GPtrArray *names, const char *name)
 
 /* One row per stream that holds an op, a bar per op of the reported rank, and a legend of
  * the op names shown. */
-static void gantt_svg(GString *out, const ZpSchedule *s, const SimResult *r)
+static void gantt_svg(GString *out, const ZpSchedule *s, const SimResult *r, const Drawn *d)
 {
-    const double *start = r->op_start_s + (size_t)r->report_rank * r->n_ops;
-    const double *stop = r->op_end_s + (size_t)r->report_rank * r->n_ops;
+    const double *start = d->start_s, *stop = d->end_s;
     gboolean used[ZP_STREAM_N] = {FALSE};
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE && op->stream < ZP_STREAM_N)
+        if (drawn_on_stream(op, d))
             used[op->stream] = TRUE;
     }
     int row[ZP_STREAM_N], rows = 0;
@@ -185,8 +223,7 @@ static void gantt_svg(GString *out, const ZpSchedule *s, const SimResult *r)
     GPtrArray *names = g_ptr_array_new();
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind != ZP_OP_ALLOC && op->kind != ZP_OP_FREE && op->stream < ZP_STREAM_N &&
-            name_index(names, op_name(op)) == names->len)
+        if (drawn_on_stream(op, d) && name_index(names, op_name(op)) == names->len)
             g_ptr_array_add(names, (gpointer)op_name(op));
     }
     const double band = 26, legend_y = rows * band + 34;
@@ -199,7 +236,7 @@ static void gantt_svg(GString *out, const ZpSchedule *s, const SimResult *r)
                                    18 + row[k] * band, zp_sched_stream_name(k));
     for (guint i = 0; i < s->ops->len; i++) {
         const ZpOp *op = zp_sched_op(s, i);
-        if (op->kind == ZP_OP_ALLOC || op->kind == ZP_OP_FREE || op->stream >= ZP_STREAM_N)
+        if (!drawn_on_stream(op, d))
             continue;
         const double x0 = x_of(start[i], r->step_time_s), x1 = x_of(stop[i], r->step_time_s);
         const char *name = op_name(op);
@@ -306,14 +343,15 @@ gboolean cli_report_plans_html(const char *path, const char *title, const char *
 gboolean cli_report_html(const char *path, const char *title, const char *verdict,
                          const ZpSchedule *s, const SimResult *r, const ZpHw *hw, GError **error)
 {
-    if (!r->op_start_s) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--html: the step was run without its "
-                                                     "timeline");
+    Drawn drawn;
+    if (!drawn_rank(s, r, &drawn)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--html: the step was run without the "
+                                                     "reported rank's timeline");
         return FALSE;
     }
     GString *out = page_open(title, verdict);
-    memory_svg(out, s, r, hw);
-    gantt_svg(out, s, r);
+    memory_svg(out, s, r, &drawn, hw);
+    gantt_svg(out, s, r, &drawn);
     const char *const classes[] = {"compute", "exposed comm.", "optimizer",
                                    "CPU optimizer", "offload transfer", "idle"};
     const double times[] = {r->compute_s, r->exposed_comm_s, r->optimizer_s,

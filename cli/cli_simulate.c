@@ -618,15 +618,16 @@ static int simulate(const SimulateFlags *f)
     SimOptions options = {
         .mode = f->explicit_ranks ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED,
         .no_fold = f->no_fold,
-        /* The page and a caller's sink read every rank's ops; --trace keeps only the rows it
-         * writes (sim_trace_run), --json none (the engine's sums by op type). */
-        .record_timeline = f->sink || f->html != NULL,
+        /* A caller's sink reads every rank's ops; --trace keeps only the rows it writes and
+         * the page (--html) only the reported rank's (sim_trace_run), --json none (the
+         * engine's sums by op type). */
+        .record_timeline = f->sink != NULL,
         .progress = cli_progress_update,
         .progress_ctx = progress,
     };
     if (!from_short && slow_flags(f, &plan, &hw, &options, &error))
-        result = f->trace && !options.record_timeline
-                     ? sim_trace_run(sched, &hw, &options, TRUE, &error)
+        result = (f->trace || f->html) && !options.record_timeline
+                     ? sim_trace_run(sched, &hw, &options, f->trace != NULL, &error)
                      : sim_engine_run(sched, &hw, &options, &error);
     /* --json reads the reported rank's sums by op type (SimResult.op_type_s), kept with no
      * timeline; past the clock's grid (a step over 2^22 s) they are not exact, and the run

@@ -400,11 +400,14 @@ gboolean cli_simulate_write_html(const CliSimReport *p, const char *path, GError
                                    p->hw->runtime_reserve_bytes / GB);
     char *verdict = cli_verdict("the step", detail, p->hw->gpu_memory_bytes + cli_simulate_bytes_over(p),
                                 p->hw->gpu_memory_bytes);
-    char *title = g_strdup_printf("%s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d, micro-batch "
-                                  "%d x %d, %.4f s a step", p->model->name, p->sched->world,
-                                  p->hw->gpu, p->hw->name, p->plan->zero.stage, p->plan->dp,
-                                  p->plan->mp, p->plan->micro_batch, p->plan->grad_accum,
-                                  p->r->step_time_s);
+    const int pp = zp_plan_pp(p->plan);
+    char *stages = pp > 1 ? g_strdup_printf(" x PP %d", pp) : g_strdup("");
+    char *title = g_strdup_printf("%s on %d x %s (%s): ZeRO stage %d, DP %d x MP %d%s, "
+                                  "micro-batch %d x %d, %.4f s a step", p->model->name,
+                                  p->sched->world, p->hw->gpu, p->hw->name,
+                                  p->plan->zero.stage, p->plan->dp, p->plan->mp, stages,
+                                  p->plan->micro_batch, p->plan->grad_accum, p->r->step_time_s);
+    g_free(stages);
     const gboolean ok = cli_report_html(path, title, verdict, p->sched, p->r, p->hw, error);
     g_free(title), g_free(verdict), g_free(detail);
     return ok;

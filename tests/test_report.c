@@ -5,6 +5,9 @@
 #include "testutil.h"
 
 #include <glib/gstdio.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -114,10 +117,87 @@ static void test_plan_page(void)
     g_free(args);
 }
 
+/* A pipeline's page draws the reported rank's own stage: a bar for each of that stage's ops
+ * and none of the others' (they have no times in its row: before, 583 bars of 776 sat at 0 s
+ * on this plan, and their buffers went into the memory chart), and the chart's highest
+ * stack is that stage's peak. */
+#define PIPE_PLAN "--model gpt-13b --cluster dgx-a100-80g --gpus 16 --pp 4 --stage 1 " \
+                  "--micro-batch 1 --grad-accum 8"
+
+static void test_pipeline_page(void)
+{
+    char *dir;
+    char *html = tu_tmp_file("report", "pipe.html", &dir);
+    char *sched_path = g_build_filename(dir, "pipe-schedule.json", NULL);
+    json_t *result = tu_zplan_json("simulate " PIPE_PLAN " --json");
+    const int pp = (int)json_integer_value(json_object_get(result, "pp"));
+    const int mp = (int)json_integer_value(json_object_get(result, "mp"));
+    const int stage = ((int)json_integer_value(json_object_get(result, "report_rank")) / mp) % pp;
+    const double stage_peak_bytes = json_real_value(json_object_get(
+        json_array_get(json_object_get(result, "stages"), (size_t)stage), "peak_memory_bytes"));
+    g_assert_cmpint(pp, ==, 4);
+    g_assert_cmpfloat(stage_peak_bytes, >, 1e9);
+    char *args = g_strdup_printf("schedule " PIPE_PLAN " --out %s", sched_path);
+    tu_zplan_ok(args);
+    g_free(args);
+    json_t *sched = json_load_file(sched_path, 0, NULL);
+    g_assert_nonnull(sched);
+    guint drawn = 0;
+    size_t i;
+    json_t *op;
+    json_array_foreach(json_object_get(sched, "ops"), i, op)
+    {
+        const char *kind = json_string_value(json_object_get(op, "kind"));
+        drawn += json_integer_value(json_object_get(op, "stage")) == stage &&
+                 strcmp(kind, "alloc") != 0 && strcmp(kind, "free") != 0;
+    }
+    g_assert_cmpuint(drawn, >, 100);
+    args = g_strdup_printf("report " PIPE_PLAN " --html %s", html);
+    tu_zplan_ok(args);
+    char *page = NULL;
+    g_assert_true(g_file_get_contents(html, &page, NULL, NULL));
+    const char *gantt = strstr(page, "The streams of one step");
+    g_assert_nonnull(gantt);
+    char *gantt_svg = g_strndup(gantt, strstr(gantt, "</svg>") - gantt);
+    g_assert_cmpuint(count(gantt_svg, "</title></rect>"), ==, drawn);
+    /* The memory chart: y = 10 + 260 (1 - bytes / top), top 1.05 x the GPU's memory here
+     * (read back from its red line, to 0.1 px); its least y is the stacked peak. */
+    const char *mem = strstr(page, "Memory of the reported rank over the step");
+    double least_y = G_MAXDOUBLE, cap_y = 0;
+    for (const char *at = strstr(mem, "points=\""); at && at < gantt;
+         at = strstr(at + 1, "points=\"")) {
+        const char *p = at + strlen("points=\"");
+        while (*p != '"') {
+            double x, y;
+            int used = 0;
+            g_assert_cmpint(sscanf(p, "%lf,%lf %n", &x, &y, &used), ==, 2);
+            least_y = MIN(least_y, y);
+            p += used;
+        }
+    }
+    g_assert_cmpint(sscanf(strstr(mem, "<line x1=\"110\" y1=\""), "<line x1=\"110\" y1=\"%lf",
+                           &cap_y), ==, 1);
+    const double gpu_bytes = 80.0 * 1024 * 1024 * 1024;
+    const double top_bytes = gpu_bytes / (1 - (cap_y - 10) / 260);
+    const double chart_peak_bytes = top_bytes * (1 - (least_y - 10) / 260);
+    g_test_message("stage %d: peak %.4g B, the chart's %.4g B", stage, stage_peak_bytes,
+                   chart_peak_bytes);
+    g_assert_cmpfloat(fabs(chart_peak_bytes - stage_peak_bytes), <, 0.1e9);
+    g_free(gantt_svg);
+    g_free(page);
+    g_free(args);
+    json_decref(sched);
+    json_decref(result);
+    g_remove(sched_path);
+    g_free(sched_path);
+    tu_tmp_file_remove(html, dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/report/html-page", test_html_page);
     g_test_add_func("/report/plan-page", test_plan_page);
+    g_test_add_func("/report/pipeline-page", test_pipeline_page);
     return g_test_run();
 }
