@@ -71,7 +71,12 @@ static gboolean predicted_classes(const CliSimulated *s, double class_s[ZP_KCLAS
     if (!zp_cost_init(&c, s->hw, s->model, s->plan, error))
         return FALSE;
     const SimResult *r = s->result;
-    const uint32_t base = (uint32_t)r->report_rank * r->n_ops;
+    size_t base = 0; /* a sink's run keeps every rank's row (cli_simulate.c) */
+    if (!sim_result_timeline_row(r, (uint32_t)r->report_rank, &base)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "validate: the step was run without the reported rank's timeline");
+        return FALSE;
+    }
     const uint32_t stage = (r->first_rank[r->report_rank] / (uint32_t)s->plan->mp) %
                            (uint32_t)MAX(r->stages, 1);
     memset(class_s, 0, ZP_KCLASS_N * sizeof *class_s);
