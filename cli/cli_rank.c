@@ -123,6 +123,14 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
     return k >= (interleaved ? 2 * unit : MAX(unit, keep / 2)) ? k : 0;
 }
 
+/* The most micro-steps x units (layers + 2) the short path takes: its time grows with the
+ * micro-steps where the fold sums every inserted period's ops (ZeRO-3's gathers and
+ * reductions each micro-step): gpt-1t ZeRO-3 on 16,384 GPUs with checkpointing takes 0.14 s
+ * at 3,800 micro-steps and 0.8-1.0 s at 20,000 (2.6e6), in 24 MB; Megatron 1T (pp 64) takes
+ * 0.11-0.20 s from 3,800 to 100,000 micro-steps. 2.5e6 keeps an answer near a second, as
+ * ZP_SCHED_MAX_UNIT_STEPS does for the full schedule (5e5). */
+#define CLI_SHORT_MAX_UNIT_STEPS 2.5e6
+
 SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
                                    const SimOptions *base, ZpAllocStats *alloc,
                                    gboolean *alloc_done, ZpSchedule **built)
@@ -135,12 +143,13 @@ SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const Z
      * short schedule and an allocator replay that lists the inserted periods' copies only
      * until they repeat, their buffers taken again (zp_alloc_ops_extended), not the long
      * one's ops (gpt-1t ZeRO-3 on 16,384 GPUs at grad-accum 3,800, about 6.3e7 ops: 0.09 s
-     * and 24 MB; at 20,000 24 MB). Its time still grows with the micro-steps (the fold's op
-     * sums and jumps), so the schedules' bound on micro-steps x units holds here as in
-     * zp_sched_build (ZP_SCHED_MAX_UNIT_STEPS); past it, or where the replay's places would
-     * overflow, the caller's full path refuses in one line. */
+     * and 24 MB; at 20,000 24 MB). Nor the long schedule's bound on micro-steps x units
+     * (ZP_SCHED_MAX_UNIT_STEPS, which zp_sched_build holds to): its time grows with the
+     * micro-steps far more slowly (the fold's op sums and jumps), so its own bound is
+     * CLI_SHORT_MAX_UNIT_STEPS; past it, or where the replay's places would overflow, the
+     * caller's full path refuses in one line. */
     const double unit_steps = (double)plan->grad_accum * (double)(model->layers + 2);
-    if (k == 0 || unit_steps > ZP_SCHED_MAX_UNIT_STEPS ||
+    if (k == 0 || unit_steps > CLI_SHORT_MAX_UNIT_STEPS ||
         zp_schedsize_estimate_ops(model, plan) >= ZP_ALLOC_OPS_MAX_PLACES)
         return NULL;
     ZpPlan shorter = *plan;

@@ -108,8 +108,10 @@ static void test_huge_model(void)
  * and memory of the short schedule: its allocator replay no longer lists every inserted
  * period (the cap held there while it did: 140 MB for Megatron 1T at 3,800, and growing with
  * the micro-steps). Where the short path does not run (--no-fold), the full path refuses in
- * one line, naming the cap; past ZP_SCHED_MAX_UNIT_STEPS both refuse. Registered first: the
- * children's peak RSS is the most of any child so far. */
+ * one line, naming the cap. The short path takes micro-steps x units past the full
+ * schedule's ZP_SCHED_MAX_UNIT_STEPS (5e5: Megatron 1T at 4,096 is 5.3e5), up to its own
+ * CLI_SHORT_MAX_UNIT_STEPS (2.5e6), past which both refuse. Registered first: the children's
+ * peak RSS is the most of any child so far. */
 static void test_short_path_past_cap(void)
 {
     static const char *const plans[] = {
@@ -137,6 +139,17 @@ static void test_short_path_past_cap(void)
         assert_refused(cmd, NULL, "past the cap of 5e+07 ops (ZP_SCHED_MAX_OPS)");
         g_free(cmd);
     }
+    const char *past_full = "zplan simulate --model gpt-1t --cluster dgx-a100-80g --gpus 3072 "
+                            "--mp 8 --pp 64 --stage 0 --micro-batch 1 --grad-accum 4096 "
+                            "--checkpoint --json";
+    Run r = run_limited(past_full, NULL);
+    g_assert_cmpint(r.exit_status, ==, 0);
+    g_assert_cmpstr(r.err, ==, "");
+    g_assert_cmpfloat(r.cpu_s, <, SHORT_CPU_S);
+    g_free(r.err);
+    char *no_fold = g_strdup_printf("%s --no-fold", past_full);
+    assert_refused(no_fold, NULL, "grad-accum: 4096 micro-steps x 130 units = 5.325e+05 exceeds");
+    g_free(no_fold);
     assert_refused("zplan simulate --model gpt-1t --cluster dgx-a100-80g --gpus 16384 --stage 3 "
                    "--micro-batch 1 --checkpoint --grad-accum 20000 --json",
                    NULL, "grad-accum: 20000 micro-steps x 130 units");
