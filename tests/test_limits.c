@@ -207,6 +207,22 @@ static void test_trace_said_first(void)
     g_free(trace);
 }
 
+/* What writing a schedule holds is said before its file is opened: its ops are written one at
+ * a time, so that is the stream's buffer (0.26 MB) and the units' layout (tiny's 4), past a
+ * budget of 200 KB that tiny's 32-op schedule is built in; nothing is left at the path. */
+static void test_schedule_write_said_first(void)
+{
+    char *out = g_build_filename(tmp_dir, "schedule.json", NULL);
+    char *cmd = g_strdup_printf("zplan schedule --model tiny --gpus 2 --stage 1 --micro-batch 1 "
+                                "--out %s", out);
+    assert_refused(cmd, "200KB", "zplan schedule: writing the schedule as JSON: about 4 units "
+                                 "need 0.000263 GB, more than the 0.0002 GB this machine has "
+                                 "available (ZPLAN_MEMORY_AVAILABLE)");
+    g_assert_false(g_file_test(out, G_FILE_TEST_EXISTS));
+    g_free(cmd);
+    g_free(out);
+}
+
 /* A sweep takes at most 200 values (each a plan search with --metric tflops). */
 static void test_sweep_values_capped(void)
 {
@@ -269,6 +285,7 @@ int main(int argc, char **argv)
     g_test_add_func("/limits/zreal-micro-batch", test_zreal_micro_batch);
     g_test_add_func("/limits/sweep-values-capped", test_sweep_values_capped);
     g_test_add_func("/limits/trace-said-first", test_trace_said_first);
+    g_test_add_func("/limits/schedule-write-said-first", test_schedule_write_said_first);
     g_test_add_func("/limits/deepspeed-deep-model", test_deepspeed_deep_model);
     const int status = g_test_run();
     g_rmdir(tmp_dir);

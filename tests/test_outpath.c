@@ -324,6 +324,75 @@ static void test_stream(void)
     g_free(path), g_free(dir);
 }
 
+/* A document written in parts (zp_out_stream_json_item, _json and _close, as the schedule's
+ * writer writes its ops) is jansson's dump of the whole, byte for byte: members and elements
+ * written one by one around small trees dumped at their depth, an empty array closed by
+ * parts and one dumped whole, a key and a string that need escaping (a newline among them),
+ * and arrays nested by parts past the 32 levels one piece of indent covers. */
+static void test_json_parts(void)
+{
+    const size_t flags = JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17);
+    json_t *element = json_pack("{s:[], s:s, s:f, s:{s:[i, i]}}", "b", "c", "x\ny \"z\"", "d",
+                                0.1, "e", "f", 1, 2);
+    enum { NESTED = 40 };
+    json_t *nested = json_pack("{s:O}", "g", element);
+    for (int d = 0; d < NESTED; d++)
+        nested = json_pack("[o]", nested);
+    json_t *whole = json_pack("{s:s, s:[O, i, O], s:[], s:o, s:{}}", "format", "parts",
+                              "a \"quoted\"\nkey", element, 7, element, "empty", "deep", nested,
+                              "none");
+    char *dir = make_tmp_dir();
+    char *path = g_build_filename(dir, "parts.json", NULL);
+    GError *error = NULL;
+    ZpOutStream *out = zp_out_stream_open(path, &error);
+    g_assert_no_error(error);
+    g_assert_true(zp_out_stream_write(out, "{", 1, &error));
+    gsize n = 0;
+    json_t *format = json_string("parts");
+    g_assert_true(zp_out_stream_json_item(out, 1, n++, "format", &error));
+    g_assert_true(zp_out_stream_json(out, format, 1, &error));
+    json_decref(format);
+    g_assert_true(zp_out_stream_json_item(out, 1, n++, "a \"quoted\"\nkey", &error));
+    g_assert_true(zp_out_stream_write(out, "[", 1, &error));
+    json_t *items = json_pack("[O, i, O]", element, 7, element);
+    for (gsize i = 0; i < json_array_size(items); i++) {
+        g_assert_true(zp_out_stream_json_item(out, 2, i, NULL, &error));
+        g_assert_true(zp_out_stream_json(out, json_array_get(items, i), 2, &error));
+    }
+    g_assert_true(zp_out_stream_json_close(out, 2, json_array_size(items), ']', &error));
+    json_decref(items);
+    g_assert_true(zp_out_stream_json_item(out, 1, n++, "empty", &error));
+    g_assert_true(zp_out_stream_write(out, "[", 1, &error));
+    g_assert_true(zp_out_stream_json_close(out, 2, 0, ']', &error));
+    g_assert_true(zp_out_stream_json_item(out, 1, n++, "deep", &error));
+    for (int d = 0; d < NESTED; d++) {
+        g_assert_true(zp_out_stream_write(out, "[", 1, &error));
+        g_assert_true(zp_out_stream_json_item(out, d + 2, 0, NULL, &error));
+    }
+    json_t *inner = json_pack("{s:O}", "g", element);
+    g_assert_true(zp_out_stream_json(out, inner, NESTED + 1, &error));
+    json_decref(inner);
+    for (int d = NESTED; d > 0; d--)
+        g_assert_true(zp_out_stream_json_close(out, d + 1, 1, ']', &error));
+    json_t *none = json_object();
+    g_assert_true(zp_out_stream_json_item(out, 1, n++, "none", &error));
+    g_assert_true(zp_out_stream_json(out, none, 1, &error));
+    json_decref(none);
+    g_assert_true(zp_out_stream_json_close(out, 1, n, '}', &error));
+    g_assert_true(zp_out_stream_close(out, &error));
+    g_assert_no_error(error);
+    char *expect = json_dumps(whole, flags);
+    gsize length = 0;
+    char *text = read_text(path, &length);
+    g_assert_cmpstr(text, ==, expect);
+    g_free(text);
+    free(expect);
+    remove_tree(dir);
+    g_free(path), g_free(dir);
+    json_decref(whole);
+    json_decref(element);
+}
+
 /* A write that fails part way into a regular file (here past `ulimit -f`, as a full disk
  * would): one line naming the file and the reason, exit 1, the file as it was and no
  * temporary left beside it. Through the trace's writer and JSON's (schedule --out). */
@@ -373,6 +442,7 @@ int main(int argc, char **argv)
     g_test_add_func("/outpath/stdout", test_stdout);
     g_test_add_func("/outpath/resolve", test_resolve);
     g_test_add_func("/outpath/stream", test_stream);
+    g_test_add_func("/outpath/json-parts", test_json_parts);
     g_test_add_func("/outpath/failed-write", test_failed_write);
     return g_test_run();
 }

@@ -136,11 +136,34 @@ static void test_structure(void)
     zp_sched_free(s);
 }
 
-/* Writes s to path and reads it back: the same ops, dependencies and model states. */
+/* The file at path is jansson's own dump of what it holds, byte for byte: the writer streams
+ * it op by op (zp_out_stream_json), and an op indented at the wrong depth, a space or a
+ * comma out of place, or a missing newline at the end would show here. */
+static void assert_jansson_text(const char *path)
+{
+    char *text = NULL;
+    gsize length = 0;
+    g_assert_true(g_file_get_contents(path, &text, &length, NULL));
+    json_error_t json_error;
+    json_t *root = json_loadb(text, length, 0, &json_error);
+    g_assert_nonnull(root);
+    char *dump = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    char *expected = g_strconcat(dump, "\n", NULL);
+    g_assert_cmpuint(length, ==, strlen(expected));
+    g_assert_cmpint(memcmp(text, expected, length), ==, 0);
+    g_free(expected);
+    free(dump);
+    json_decref(root);
+    g_free(text);
+}
+
+/* Writes s to path and reads it back: the same ops, dependencies and model states, in the
+ * text jansson writes. */
 static void assert_round_trip(const ZpSchedule *s, const char *path)
 {
     GError *error = NULL;
     g_assert_true(zp_sched_write_json(s, path, &error));
+    assert_jansson_text(path);
     ZpSchedule *r = zp_sched_read_json(path, &error);
     g_assert_no_error(error);
     g_assert_cmpuint(r->ops->len, ==, s->ops->len);
@@ -204,6 +227,52 @@ static void check_module_round_trip(const char *path)
     zp_sched_free(s);
 }
 
+/* Pipelines (Megatron's 1F1B and interleaved: sends, each op's stage, "stages" after the
+ * digest) read back to the same ops, in jansson's text. */
+static void check_pipeline_round_trip(const char *path)
+{
+    ZpModel m = small_model();
+    m.layers = 4; /* a block for each of 2 stages x 2 chunks */
+    for (int virtual = 1; virtual <= 2; virtual++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 1, 2, 1);
+        p.impl = ZP_IMPL_MEGATRON, p.pipe.stages = 2, p.grad_accum = 4;
+        if (virtual > 1)
+            p.pipe.schedule = ZP_PIPE_INTERLEAVED, p.pipe.virtual_stages = virtual;
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        g_assert_cmpint(s->stages, ==, 2);
+        assert_round_trip(s, path);
+        zp_sched_free(s);
+    }
+}
+
+/* A graph read without its model (zp_sched_read_graph: no units) writes no "model", and its
+ * file is still jansson's text and reads back to the same ops. */
+static void check_graph_round_trip(const ZpSchedule *s, const char *path)
+{
+    GError *error = NULL;
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    ZpSchedule *g = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpint(g->n_units, ==, 0);
+    g_assert_true(zp_sched_write_json(g, path, &error));
+    assert_jansson_text(path);
+    json_t *root = json_load_file(path, 0, NULL);
+    g_assert_null(json_object_get(root, "model"));
+    json_decref(root);
+    ZpSchedule *again = zp_sched_read_graph(path, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(again->ops->len, ==, s->ops->len);
+    g_assert_cmpint(memcmp(again->ops->data, s->ops->data, s->ops->len * sizeof(ZpOp)), ==, 0);
+    g_assert_cmpuint(again->deps->len, ==, s->deps->len);
+    g_assert_cmpint(memcmp(again->deps->data, s->deps->data, s->deps->len * sizeof(uint32_t)),
+                    ==, 0);
+    zp_sched_free(again);
+    zp_sched_free(g);
+}
+
 static void test_json_round_trip(void)
 {
     ZpModel m = small_model();
@@ -213,6 +282,8 @@ static void test_json_round_trip(void)
     GError *error = NULL;
     assert_round_trip(s, path);
     check_module_round_trip(path);
+    check_pipeline_round_trip(path);
+    check_graph_round_trip(s, path);
     /* A dependency on a later op is refused, naming the op. */
     g_assert_true(g_file_set_contents(path, "{\"format\": \"zplan-schedule-1\"}", -1, NULL));
     g_assert_null(zp_sched_read_json(path, &error));

@@ -306,9 +306,95 @@ gboolean zp_check_out_path(const char *path, const char *flag, GError **error)
     return fd >= 0;
 }
 
+/* jansson's flags for every JSON file zplan writes: indented, keys in insertion order, reals
+ * round-tripping; any value (a part of a document may be a string or a number). */
+#define JSON_WRITE_FLAGS \
+    (JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17) | JSON_ENCODE_ANY)
+
+/* Enough for any depth a writer nests to (a longer indent is written in several pieces). */
+static const char SPACES[] = "                                                                ";
+
+static gboolean put_indent(ZpOutStream *out, int depth)
+{
+    for (gsize left = 2 * (gsize)depth; left > 0;) {
+        const gsize n = MIN(left, sizeof SPACES - 1);
+        if (!zp_out_stream_write(out, SPACES, n, NULL))
+            return FALSE;
+        left -= n;
+    }
+    return TRUE;
+}
+
+typedef struct {
+    ZpOutStream *out;
+    int depth;
+} DumpAt;
+
+/* jansson's pieces, each newline followed by the indent of `depth` levels. */
 static int dump_piece(const char *buffer, size_t size, void *data)
 {
-    return zp_out_stream_write(data, buffer, size, NULL) ? 0 : -1;
+    const DumpAt *at = data;
+    while (size > 0) {
+        const char *newline = at->depth > 0 ? memchr(buffer, '\n', size) : NULL;
+        const gsize n = newline ? (gsize)(newline - buffer) + 1 : size;
+        if (!zp_out_stream_write(at->out, buffer, n, NULL) ||
+            (newline && !put_indent(at->out, at->depth)))
+            return -1;
+        buffer += n, size -= n;
+    }
+    return 0;
+}
+
+/* FALSE, with the first failed write's error, where one failed. */
+static gboolean stream_ok(ZpOutStream *out, GError **error)
+{
+    if (out->failed && error)
+        *error = g_error_copy(out->failed);
+    return !out->failed;
+}
+
+gboolean zp_out_stream_json(ZpOutStream *out, json_t *value, int depth, GError **error)
+{
+    DumpAt at = {out, depth};
+    /* A failed write stops the dump; jansson fails on its own only out of memory or on a
+     * value it cannot write (a NaN). */
+    const int dumped = json_dump_callback(value, dump_piece, &at, JSON_WRITE_FLAGS);
+    if (!stream_ok(out, error))
+        return FALSE;
+    if (dumped != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON");
+        return FALSE;
+    }
+    return TRUE;
+}
+
+gboolean zp_out_stream_json_item(ZpOutStream *out, int depth, gsize index, const char *key,
+                                 GError **error)
+{
+    if (index > 0)
+        zp_out_stream_write(out, ",", 1, NULL);
+    zp_out_stream_write(out, "\n", 1, NULL);
+    put_indent(out, depth);
+    if (key) {
+        json_t *name = json_string(key); /* escaped as jansson escapes a key */
+        const gboolean ok = zp_out_stream_json(out, name, 0, error);
+        json_decref(name);
+        if (!ok)
+            return FALSE;
+        zp_out_stream_write(out, ": ", 2, NULL);
+    }
+    return stream_ok(out, error);
+}
+
+gboolean zp_out_stream_json_close(ZpOutStream *out, int depth, gsize count, char bracket,
+                                  GError **error)
+{
+    if (count > 0) {
+        zp_out_stream_write(out, "\n", 1, NULL);
+        put_indent(out, depth - 1);
+    }
+    zp_out_stream_write(out, &bracket, 1, NULL);
+    return stream_ok(out, error);
 }
 
 gboolean zp_json_write(json_t *value, const char *path, GError **error)
@@ -317,12 +403,9 @@ gboolean zp_json_write(json_t *value, const char *path, GError **error)
     if (!out)
         return FALSE;
     /* Streamed: json_dumps held the whole text (a schedule of 3.8 million ops is about 1.5 GB
-     * of it) on top of the tree. A failed write stops the dump; close then reports it. */
-    const int dumped = json_dump_callback(value, dump_piece, out, JSON_INDENT(2) |
-                                          JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    const gboolean written = zp_out_stream_write(out, "\n", 1, NULL);
-    if (dumped != 0 && written) { /* jansson's own failure, not a write's */
-        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "could not serialise JSON");
+     * of it) on top of the tree. */
+    if (!zp_out_stream_json(out, value, 0, error) ||
+        !zp_out_stream_write(out, "\n", 1, error)) {
         zp_out_stream_abort(out);
         return FALSE;
     }

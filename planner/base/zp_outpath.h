@@ -61,4 +61,25 @@ gboolean zp_check_out_path(const char *path, const char *flag, GError **error);
  * write is an error. */
 gboolean zp_json_write(json_t *value, const char *path, GError **error);
 
+/* A document too large to build as one tree (a schedule's million ops), written a part at a
+ * time in zp_json_write's exact text: its outer object and arrays by these, each part a small
+ * tree dumped by zp_out_stream_json. `depth` is the nesting of what is written (the top
+ * object's members are at 1). Each returns FALSE, with the path and why, where a write failed
+ * (the stream must then be aborted).
+ *
+ * value (any JSON value) as zp_json_write dumps it nested `depth` deep: jansson's indent goes
+ * by depth alone (a newline, then 2 spaces a level) and a string never holds a raw newline, so
+ * the dump at depth 0 with 2 * depth spaces after each newline is the same text. Nothing is
+ * written before or after it. */
+gboolean zp_out_stream_json(ZpOutStream *out, json_t *value, int depth, GError **error);
+/* What comes before the member `key` of an object (NULL: an element of an array) at `depth`:
+ * a comma unless it is the first (index 0), a newline, the indent, and "\"key\": ". */
+gboolean zp_out_stream_json_item(ZpOutStream *out, int depth, gsize index, const char *key,
+                                 GError **error);
+/* Closes an object ('}') or array (']') whose members are at `depth`, after `count` of them:
+ * "[]" and "{}" stay on one line, as jansson writes them. The opening bracket is the
+ * caller's to write. */
+gboolean zp_out_stream_json_close(ZpOutStream *out, int depth, gsize count, char bracket,
+                                  GError **error);
+
 #endif

@@ -121,6 +121,23 @@ json_t *zp_sched_json_stages_json(const ZpSchedule *s)
     return stages;
 }
 
+/* One op's line of the digest: its compact JSON, keys sorted. */
+static void digest_op(GChecksum *sum, json_t *o)
+{
+    char *text = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+    g_assert(text); /* jansson fails only when out of memory, as GLib would abort */
+    g_checksum_update(sum, (const guchar *)text, (gssize)strlen(text));
+    g_checksum_update(sum, (const guchar *)"\n", 1);
+    free(text);
+}
+
+static char *digest_finish(GChecksum *sum)
+{
+    char *digest = g_strconcat("sha256:", g_checksum_get_string(sum), NULL);
+    g_checksum_free(sum);
+    return digest;
+}
+
 char *zp_sched_digest(const ZpSchedule *s)
 {
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
@@ -128,46 +145,90 @@ char *zp_sched_digest(const ZpSchedule *s)
     GChecksum *sum = g_checksum_new(G_CHECKSUM_SHA256);
     for (guint i = 0; i < s->ops->len; i++) {
         json_t *o = op_to_json(s, groups, zp_sched_op(s, i));
-        char *text = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
-        g_assert(text); /* jansson fails only when out of memory, as GLib would abort */
-        g_checksum_update(sum, (const guchar *)text, (gssize)strlen(text));
-        g_checksum_update(sum, (const guchar *)"\n", 1);
-        free(text);
+        digest_op(sum, o);
         json_decref(o);
     }
-    char *digest = g_strconcat("sha256:", g_checksum_get_string(sum), NULL);
-    g_checksum_free(sum);
-    return digest;
+    return digest_finish(sum);
+}
+
+/* Writes the root object's next member, `"key": value`, at depth 1; takes value's
+ * reference. */
+static gboolean put_member(ZpOutStream *out, gsize *members, const char *key, json_t *value,
+                           GError **error)
+{
+    const gboolean ok = zp_out_stream_json_item(out, 1, (*members)++, key, error) &&
+                        zp_out_stream_json(out, value, 1, error);
+    json_decref(value);
+    return ok;
+}
+
+/* "ops": each op's object made, dumped (into the file and the digest) and freed in turn, so
+ * the schedule is never a tree whole; *digest is the ops' zp_sched_digest. */
+static gboolean put_ops(ZpOutStream *out, gsize *members, const ZpSchedule *s,
+                        const ZpCommGroup *groups, char **digest, GError **error)
+{
+    if (!zp_out_stream_json_item(out, 1, (*members)++, "ops", error) ||
+        !zp_out_stream_write(out, "[", 1, error))
+        return FALSE;
+    GChecksum *sum = g_checksum_new(G_CHECKSUM_SHA256);
+    gboolean ok = TRUE;
+    for (guint i = 0; ok && i < s->ops->len; i++) {
+        json_t *o = op_to_json(s, groups, zp_sched_op(s, i));
+        digest_op(sum, o);
+        ok = zp_out_stream_json_item(out, 2, i, NULL, error) &&
+             zp_out_stream_json(out, o, 2, error);
+        json_decref(o);
+    }
+    *digest = digest_finish(sum);
+    return ok && zp_out_stream_json_close(out, 2, s->ops->len, ']', error);
+}
+
+/* The root object's members in zp_json_write's text, the ops streamed (put_ops) and the rest
+ * small trees: format, model (none for a graph read without one: it has no units), plan,
+ * world, elem_bytes, state_bytes, units, total_elems, padded_elems, partition_elems, ops,
+ * groups, digest, and a pipeline's stages. */
+static gboolean put_root(ZpOutStream *out, const ZpSchedule *s, GError **error)
+{
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    const int n_groups = zp_sched_groups(s, groups);
+    gsize n = 0;
+    char *digest = NULL;
+    const gboolean ok =
+        zp_out_stream_write(out, "{", 1, error) &&
+        put_member(out, &n, "format", json_string("zplan-schedule-1"), error) &&
+        (s->n_units == 0 || put_member(out, &n, "model", zp_model_to_json(&s->model), error)) &&
+        put_member(out, &n, "plan", zp_plan_to_json(&s->plan), error) &&
+        put_member(out, &n, "world", json_integer(s->world), error) &&
+        put_member(out, &n, "elem_bytes", json_real(s->elem_bytes), error) &&
+        put_member(out, &n, "state_bytes", zp_sched_categories_json(s->state_bytes), error) &&
+        put_member(out, &n, "units", units_json(s), error) &&
+        put_member(out, &n, "total_elems", json_integer((json_int_t)s->total_elems), error) &&
+        put_member(out, &n, "padded_elems", json_integer((json_int_t)s->padded_elems), error) &&
+        put_member(out, &n, "partition_elems", json_integer((json_int_t)s->partition_elems),
+                   error) &&
+        put_ops(out, &n, s, groups, &digest, error) &&
+        put_member(out, &n, "groups", groups_json(groups, n_groups), error) &&
+        put_member(out, &n, "digest", json_string(digest), error) &&
+        (s->stages <= 1 || put_member(out, &n, "stages", zp_sched_json_stages_json(s), error)) &&
+        zp_out_stream_json_close(out, 1, n, '}', error) && zp_out_stream_write(out, "\n", 1, error);
+    g_free(digest);
+    return ok;
 }
 
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
 {
-    if (!zp_budget_check("writing the schedule as JSON", s->ops->len, "ops", 0, NULL,
-                         s->ops->len * ZP_SCHED_JSON_OP_BYTES, error))
+    /* What is held: the stream's buffer, one op's object and text, and the small trees, of
+     * which the units' layout (by stage in a pipeline) is the largest. */
+    const double units = (double)s->n_units * (s->stages > 1 ? s->stages + 1 : 1);
+    if (!zp_budget_check("writing the schedule as JSON", units, "units", 0, NULL,
+                         ZP_OUT_STREAM_BUFFER + units * ZP_SCHED_JSON_UNIT_BYTES, error))
         return FALSE;
-    json_t *state = zp_sched_categories_json(s->state_bytes), *units = units_json(s);
-    json_t *ops = json_array();
-    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
-    const int n_groups = zp_sched_groups(s, groups);
-    for (guint i = 0; i < s->ops->len; i++)
-        json_array_append_new(ops, op_to_json(s, groups, zp_sched_op(s, i)));
-    json_t *root = json_pack("{s:s, s:o, s:o, s:i, s:f, s:o, s:o, s:I, s:I, s:I, s:o}", "format",
-                             "zplan-schedule-1", "model", zp_model_to_json(&s->model), "plan",
-                             zp_plan_to_json(&s->plan), "world", s->world, "elem_bytes",
-                             s->elem_bytes, "state_bytes", state, "units", units, "total_elems",
-                             (json_int_t)s->total_elems, "padded_elems",
-                             (json_int_t)s->padded_elems, "partition_elems",
-                             (json_int_t)s->partition_elems, "ops", ops);
-    json_object_set_new(root, "groups", groups_json(groups, n_groups));
-    char *digest = zp_sched_digest(s);
-    json_object_set_new(root, "digest", json_string(digest));
-    g_free(digest);
-    if (s->stages > 1)
-        json_object_set_new(root, "stages", zp_sched_json_stages_json(s));
-    /* A graph read without a model (zp_sched_read_graph) has no units, and writes none. */
-    if (s->n_units == 0)
-        json_object_del(root, "model");
-    gboolean ok = zp_json_write(root, path, error);
-    json_decref(root);
-    return ok;
+    ZpOutStream *out = zp_out_stream_open(path, error);
+    if (!out)
+        return FALSE;
+    if (!put_root(out, s, error)) {
+        zp_out_stream_abort(out);
+        return FALSE;
+    }
+    return zp_out_stream_close(out, error);
 }

@@ -19,9 +19,10 @@
  * 1 KB (a file of 10^7 ops took 10 GB to read). */
 #define ZP_SCHED_FILE_MAX_OPS 4e6
 #define ZP_SCHED_FILE_OP_BYTES 1024.0
-/* Bytes an op costs while zp_sched_write_json turns it into JSON (its object, then the text):
- * 2.1 KB measured at 0.38 and 1.1 million ops. */
-#define ZP_SCHED_JSON_OP_BYTES 2560.0
+/* Bytes a unit's [offset, elems] costs while zp_sched_write_json holds it as JSON (an array
+ * and two integers, with malloc's overhead); its ops are written one at a time, so hold
+ * nothing an op. */
+#define ZP_SCHED_JSON_UNIT_BYTES 256.0
 
 /* An upper estimate of the ops zp_sched_build makes for model and plan, from what multiplies
  * them: the units (128 ops each a micro-step, their gradient buckets included; DeepSpeed's
