@@ -862,7 +862,11 @@ static int schedule(const SimulateFlags *f)
     ZpSchedule *sched = zp_sched_build(&model, &plan, &error);
     if (sched)
         say_defaults_taken(f);
-    if (!sched || !zp_sched_write_json(sched, f->out, &error)) {
+    CliProgress *progress = sched ? cli_progress_new("zplan schedule: writing the ops") : NULL;
+    const gboolean written = sched && zp_sched_write_json_progress(
+                                          sched, f->out, cli_progress_update, progress, &error);
+    cli_progress_free(progress);
+    if (!written) {
         zp_sched_free(sched);
         return cli_fail("schedule", error);
     }

@@ -13,6 +13,7 @@
 #include "zp_model.h"
 #include "zp_plan.h"
 #include "zp_sched_graph.h"
+#include "zp_util.h"
 
 #include <glib.h>
 #include <stdint.h>
@@ -131,6 +132,10 @@ gboolean zp_sched_expert_grads_partitioned(const ZpSchedule *sched);
  * executes what it reads: an --impl paper schedule through zp_schedcheck (it may be edited),
  * one of another implementation by equality with the builder's ops for its model and plan. */
 gboolean zp_sched_write_json(const ZpSchedule *sched, const char *path, GError **error);
+/* The same, telling `progress` (or NULL) the share of the ops written: a million-op schedule
+ * takes seconds (zplan schedule --out). */
+gboolean zp_sched_write_json_progress(const ZpSchedule *sched, const char *path,
+                                      ZpProgressFn progress, void *progress_ctx, GError **error);
 /* "sha256:HEX": GLib's SHA-256 of the ops' canonical serialisation (each op as the compact
  * JSON object zp_sched_write_json writes, keys sorted, one a line), which the writer stores as
  * "digest" and zp_sched_read_json compares (ZpSchedule.digest): an edit that keeps every check

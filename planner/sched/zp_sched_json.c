@@ -164,8 +164,14 @@ static gboolean put_member(ZpOutStream *out, gsize *members, const char *key, js
 
 /* "ops": each op's object made, dumped (into the file and the digest) and freed in turn, so
  * the schedule is never a tree whole; *digest is the ops' zp_sched_digest. */
+typedef struct {
+    ZpProgressFn fn;
+    void *ctx;
+} WriteProgress;
+
 static gboolean put_ops(ZpOutStream *out, gsize *members, const ZpSchedule *s,
-                        const ZpCommGroup *groups, char **digest, GError **error)
+                        const ZpCommGroup *groups, const WriteProgress *progress, char **digest,
+                        GError **error)
 {
     if (!zp_out_stream_json_item(out, 1, (*members)++, "ops", error) ||
         !zp_out_stream_write(out, "[", 1, error))
@@ -178,6 +184,8 @@ static gboolean put_ops(ZpOutStream *out, gsize *members, const ZpSchedule *s,
         ok = zp_out_stream_json_item(out, 2, i, NULL, error) &&
              zp_out_stream_json(out, o, 2, error);
         json_decref(o);
+        if (progress->fn && (i + 1) % 4096 == 0)
+            progress->fn((double)(i + 1) / s->ops->len, progress->ctx);
     }
     *digest = digest_finish(sum);
     return ok && zp_out_stream_json_close(out, 2, s->ops->len, ']', error);
@@ -187,7 +195,8 @@ static gboolean put_ops(ZpOutStream *out, gsize *members, const ZpSchedule *s,
  * small trees: format, model (none for a graph read without one: it has no units), plan,
  * world, elem_bytes, state_bytes, units, total_elems, padded_elems, partition_elems, ops,
  * groups, digest, and a pipeline's stages. */
-static gboolean put_root(ZpOutStream *out, const ZpSchedule *s, GError **error)
+static gboolean put_root(ZpOutStream *out, const ZpSchedule *s, const WriteProgress *progress,
+                         GError **error)
 {
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(s, groups);
@@ -206,7 +215,7 @@ static gboolean put_root(ZpOutStream *out, const ZpSchedule *s, GError **error)
         put_member(out, &n, "padded_elems", json_integer((json_int_t)s->padded_elems), error) &&
         put_member(out, &n, "partition_elems", json_integer((json_int_t)s->partition_elems),
                    error) &&
-        put_ops(out, &n, s, groups, &digest, error) &&
+        put_ops(out, &n, s, groups, progress, &digest, error) &&
         put_member(out, &n, "groups", groups_json(groups, n_groups), error) &&
         put_member(out, &n, "digest", json_string(digest), error) &&
         (s->stages <= 1 || put_member(out, &n, "stages", zp_sched_json_stages_json(s), error)) &&
@@ -217,6 +226,12 @@ static gboolean put_root(ZpOutStream *out, const ZpSchedule *s, GError **error)
 
 gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **error)
 {
+    return zp_sched_write_json_progress(s, path, NULL, NULL, error);
+}
+
+gboolean zp_sched_write_json_progress(const ZpSchedule *s, const char *path,
+                                      ZpProgressFn progress, void *progress_ctx, GError **error)
+{
     /* What is held: the stream's buffer, one op's object and text, and the small trees, of
      * which the units' layout (by stage in a pipeline) is the largest. */
     const double units = (double)s->n_units * (s->stages > 1 ? s->stages + 1 : 1);
@@ -226,7 +241,8 @@ gboolean zp_sched_write_json(const ZpSchedule *s, const char *path, GError **err
     ZpOutStream *out = zp_out_stream_open(path, error);
     if (!out)
         return FALSE;
-    if (!put_root(out, s, error)) {
+    const WriteProgress told = {progress, progress_ctx};
+    if (!put_root(out, s, &told, error)) {
         zp_out_stream_abort(out);
         return FALSE;
     }
