@@ -103,7 +103,7 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 5 --micro-batch 1", NULL, "--stage"},
     {"zplan simulate --model tiny --gpus 8 --stage 1 --micro-batch 1", NULL, "--cluster"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --grad-accum 1e6", NULL, "grad-accum: 1000000 micro-steps"},
-    {"zplan simulate --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --grad-accum 20000", NULL, "grad-accum: 20000 micro-steps x 50 units"},
+    {"zplan simulate --model gpt2-1.5b --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --grad-accum 60000", NULL, "grad-accum: 60000 micro-steps x 50 units"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --grad-accum 0", NULL, "--grad-accum: '0' is outside"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch -1", NULL, "--micro-batch"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --reduce-bucket-size -5", NULL, "--reduce-bucket-size"},
