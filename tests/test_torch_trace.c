@@ -2,6 +2,7 @@
  * format, read into kernel classes and tables exactly; bad traces refused or read in bounded work. */
 #include "cli_torchtrace.h"
 #include "zp_hw.h"
+#include "zp_jsonstream.h"
 #include "zp_kernrate.h"
 #include "zp_torchtrace.h"
 #include "zp_util.h"
@@ -640,6 +641,81 @@ static void test_public_traces(void)
     g_assert_cmpint(read, >, 0);
 }
 
+/* zp_jsonstream's other keys handed over (keep_others) in the file's order, each element of
+ * the streamed array with its index. */
+static gboolean note_value(const char *key, void *value, gint64 index, guint64 offset, void *ctx,
+                           GError **error)
+{
+    (void)value, (void)offset, (void)error;
+    g_string_append_printf(ctx, "%s%" G_GINT64_FORMAT " ", key, index);
+    return TRUE;
+}
+
+/* Streamed strictly, a file is read where zp_json_load_object reads it and refused where it
+ * refuses it (the schedule reader falls back to it); without `strict` these pass. */
+static void test_stream_strict(void)
+{
+    char *path = g_build_filename(tmp_dir, "strict.json", NULL);
+    GString *seen = g_string_new(NULL);
+    ZpJsonStreamOptions o = {.stream_key = "ev", .keep_others = TRUE, .max_value_bytes = 1 << 20};
+    g_assert_true(g_file_set_contents(path, "{\"a\": 1, \"ev\": [{}, [2]], \"b\": {\"c\": [1]}}",
+                                      -1, NULL));
+    g_assert_true(zp_json_stream_with(path, &o, note_value, seen, NULL));
+    g_assert_cmpstr(seen->str, ==, "a-1 ev0 ev1 b-1 ");
+    char *open = g_strnfill(2100, '['), *close = g_strnfill(2100, ']');
+    const struct {
+        const char *text;
+        gboolean loads; /* zp_json_load_object reads it */
+        int depth;      /* an element nested this deep at its end, when > 0 */
+    } cases[] = {
+        {"{\"ev\": [1, 2]} \n\t", TRUE, 0},
+        {"{\"ev\": [1, 2]} x", FALSE, 0},
+        {"{\"a\": 1, \"ev\": [], \"a\": 2}", FALSE, 0},
+        {"{\"ev\": [{\"x\": 1, \"x\": 2}]}", FALSE, 0},
+        {"{\"ev\": [{\"x\": {\"y\": 1, \"y\": 2}}]}", FALSE, 0},
+        {"{\"ev\": [", TRUE, 2000},  /* 2 + 2000 + 1 scalars deep: within 2048 */
+        {"{\"ev\": [", FALSE, 2047}, /* the element's innermost at 2049 */
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *text = cases[i].depth > 0
+                         ? g_strdup_printf("%s%.*s1%.*s]}", cases[i].text, cases[i].depth, open,
+                                           cases[i].depth, close)
+                         : g_strdup(cases[i].text);
+        g_assert_true(g_file_set_contents(path, text, -1, NULL));
+        GError *error = NULL;
+        json_t *root = zp_json_load_object(path, &error);
+        g_assert_cmpint(root != NULL, ==, cases[i].loads);
+        json_decref(root);
+        g_clear_error(&error);
+        o.strict = FALSE;
+        g_assert_true(zp_json_stream_with(path, &o, note_value, seen, NULL));
+        o.strict = TRUE;
+        const gboolean streamed = zp_json_stream_with(path, &o, note_value, seen, &error);
+        g_test_message("%s: %s", text, error ? error->message : "read");
+        g_assert_cmpint(streamed, ==, cases[i].loads);
+        g_clear_error(&error);
+        g_free(text);
+    }
+    /* gzip: streamed plain, not strictly (zp_json_load_object reads no gzip). */
+    gzFile gz = gzopen(path, "wb");
+    g_assert_cmpint(gzputs(gz, "{\"ev\": []}"), >, 0);
+    g_assert_cmpint(gzclose(gz), ==, Z_OK);
+    o.strict = FALSE;
+    g_assert_true(zp_json_stream_with(path, &o, note_value, seen, NULL));
+    o.strict = TRUE;
+    GError *error = NULL;
+    g_assert_false(zp_json_stream_with(path, &o, note_value, seen, &error));
+    g_assert_nonnull(strstr(error->message, "gzip"));
+    g_clear_error(&error);
+    g_assert_null(zp_json_load_object(path, &error));
+    g_clear_error(&error);
+    g_free(open);
+    g_free(close);
+    g_string_free(seen, TRUE);
+    g_remove(path);
+    g_free(path);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -653,6 +729,7 @@ int main(int argc, char **argv)
     g_test_add_func("/torch-trace/calibrate", test_calibrate_command);
     g_test_add_func("/torch-trace/validate", test_validate_command);
     g_test_add_func("/torch-trace/public-traces", test_public_traces);
+    g_test_add_func("/torch-trace/stream-strict", test_stream_strict);
     const int status = g_test_run();
     char *rm = g_strdup_printf("rm -rf %s", tmp_dir);
     g_assert_cmpint(system(rm), ==, 0);

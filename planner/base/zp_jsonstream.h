@@ -20,4 +20,20 @@ gboolean zp_json_stream(const char *path, const char *stream_key,
                         const char *const *keep_keys, gsize max_value_bytes, ZpJsonStreamFn fn,
                         void *ctx, GError **error);
 
+/* zp_json_stream's reading, with two more choices. */
+typedef struct {
+    const char *stream_key;
+    const char *const *keep_keys;
+    gboolean keep_others; /* every other top-level key's value, listed in keep_keys or not */
+    gsize max_value_bytes;
+    /* Accept nothing zp_json_load_object refuses (a reader that falls back to it on failure
+     * refuses the same files): plain text only (not gzip), no key twice in an object (the top
+     * level's included), no nesting deeper than Jansson's JSON_PARSER_MAX_DEPTH counted from
+     * the top, nothing but white space after the object. */
+    gboolean strict;
+} ZpJsonStreamOptions;
+
+gboolean zp_json_stream_with(const char *path, const ZpJsonStreamOptions *options,
+                             ZpJsonStreamFn fn, void *ctx, GError **error);
+
 #endif
