@@ -157,4 +157,15 @@ ZpSchedule *zp_sched_read_json(const char *path, GError **error);
  * "stages") is read by zp_sched_read_json, which holds it to its model and plan. */
 ZpSchedule *zp_sched_read_graph(const char *path, GError **error);
 
+/* How zp_sched_read_file reads a file. AUTO, as zp_sched_read_json and _graph: "ops" streamed
+ * element by element (zp_jsonstream), each op converted as it comes, the other keys held as
+ * trees; and the whole file as one Jansson tree where the stream gives up (anything the tree
+ * reader may refuse, which it then refuses in its own words; a file that cannot be read twice,
+ * a FIFO). TREE: the whole tree alone. STREAM: the stream alone, failing where AUTO falls back
+ * (tests hold the two readings to the same schedules and refusals). `graph`: _graph's
+ * reading, else _json's. */
+typedef enum { ZP_SCHED_READ_AUTO, ZP_SCHED_READ_TREE, ZP_SCHED_READ_STREAM } ZpSchedRead;
+ZpSchedule *zp_sched_read_file(const char *path, gboolean graph, ZpSchedRead how,
+                               GError **error);
+
 #endif

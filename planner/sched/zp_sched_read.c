@@ -1,5 +1,6 @@
 /* zp_sched_read: reads a schedule file back, validating every field (zreal executes what it
- * reads), and reads a schedule file as an op graph without its model (the simulator's). */
+ * reads), or as an op graph without its model (the simulator's), its ops streamed one by one. */
+#include "zp_jsonstream.h"
 #include "zp_sched.h"
 #include "zp_sched_json.h"
 #include "zp_schedcheck.h"
@@ -160,16 +161,49 @@ static gboolean name_index(json_t *o, const char *what, const char *key,
     return FALSE;
 }
 
-/* A collective's "group": the index of the schedule's communicator of that name. */
-static gboolean group_index(const ZpSchedule *s, json_t *o, const char *what, int *out,
+/* The names a collective's "group" may take, by index: the schedule's communicators; or,
+ * `open` (a graph streamed before its "groups"), the built-in ones at their indices (a
+ * graph's table has them there) and any other name at the next index as it first comes,
+ * mapped onto the file's table once it is read (remap_groups). */
+typedef struct {
+    ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
+    const char *names[ZP_SCHED_MAX_GROUPS + 1];
+    int n;
+    gboolean open;
+} GroupNames;
+
+static void group_names_init(GroupNames *g, const ZpSchedule *s, gboolean open)
+{
+    *g = (GroupNames){.open = open};
+    g->n = open ? ZP_GROUP_N : zp_sched_groups(s, g->table);
+    for (int i = 0; i < g->n; i++) {
+        if (open)
+            g_strlcpy(g->table[i].name, zp_sched_group_names[i], sizeof g->table->name);
+        g->names[i] = g->table[i].name;
+    }
+}
+
+static int group_names_find(const GroupNames *g, const char *name)
+{
+    for (int i = 0; i < g->n; i++)
+        if (strcmp(g->names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+/* A collective's "group": the index of the communicator of that name. */
+static gboolean group_index(GroupNames *g, json_t *o, const char *what, int *out,
                             GError **error)
 {
-    ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
-    const char *names[ZP_SCHED_MAX_GROUPS + 1] = {NULL};
-    const int n = zp_sched_groups(s, table);
-    for (int g = 0; g < n; g++)
-        names[g] = table[g].name;
-    return name_index(o, what, "group", names, out, error);
+    const char *name = NULL;
+    if (g->open && g->n < ZP_SCHED_MAX_GROUPS &&
+        zp_json_get_string(o, what, "group", TRUE, &name, NULL) &&
+        strlen(name) < sizeof g->table->name && group_names_find(g, name) < 0) {
+        g_strlcpy(g->table[g->n].name, name, sizeof g->table->name);
+        g->names[g->n] = g->table[g->n].name;
+        g->n++;
+    }
+    return name_index(o, what, "group", g->names, out, error);
 }
 
 /* One op. A schedule of the planner's (`layout`) names the unit, micro-step, buffer and
@@ -194,8 +228,8 @@ static gboolean module_from_json(json_t *o, const char *what, int sub, ZpOp *op,
     return TRUE;
 }
 
-static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
-                             gboolean layout, const char *path, GError **error)
+static gboolean op_from_json(ZpSchedule *s, GroupNames *groups, json_t *o, guint index,
+                             guint n_ops, gboolean layout, const char *path, GError **error)
 {
     char *what = g_strdup_printf("%s: ops[%u]", path, index);
     ZpOp op = {0};
@@ -246,7 +280,7 @@ static gboolean op_from_json(ZpSchedule *s, json_t *o, guint index, guint n_ops,
              module_from_json(o, what, sub, &op, error);
     else if (ok && kind == ZP_OP_COLLECTIVE)
         ok = name_index(o, what, "op", zp_sched_coll_names, &sub, error) &&
-             group_index(s, o, what, &group, error) &&
+             group_index(groups, o, what, &group, error) &&
              zp_json_get_int(o, what, "buffer", layout, -1, INT32_MAX, &buffer, error) &&
              zp_json_get_number(o, what, "bytes", TRUE, 0, 1e30, &op.bytes, error) &&
              zp_json_get_int(o, what, "elem_offset", layout, 0, INT64_MAX, &offset, error) &&
@@ -354,13 +388,23 @@ static gboolean digest_from_json(ZpSchedule *s, json_t *digest, const char *path
     return TRUE;
 }
 
-/* zp_sched_read_json of the file at path, parsed: root, which it takes. */
-static ZpSchedule *read_json_root(json_t *root, const char *path, GError **error)
-{
+/* zp_sched_read_json's reading, in steps: json_head (the format, the keys, the model and plan,
+ * "ops" an array), json_groups, json_build (the plan's schedule, whose layout, stage views and
+ * ops the file's are held to), json_stages, the ops (into the built schedule, emptied of its
+ * own), json_finish (the ops against the builder's, the digest). The tree reader takes them in
+ * that order; the streamed one reads the ops as they come (zplan writes them before "groups",
+ * "digest" and "stages") and takes the steps on the keys after them once they are read. */
+typedef struct {
     ZpModel model;
     ZpPlan plan;
+    ZpSchedule *s;
+    GArray *built_ops, *built_deps; /* what the file's ops must equal (NULL: zp_schedcheck's) */
+    json_t *stages;                 /* the plan's stage views (NULL without a pipeline) */
+} JsonRead;
+
+static gboolean json_head(json_t *root, const char *path, JsonRead *r, GError **error)
+{
     const char *format = NULL;
-    json_t *ops = json_object_get(root, "ops");
     gboolean ok = zp_json_get_string(root, path, "format", TRUE, &format, error);
     if (ok && strcmp(format, "zplan-schedule-1") != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: unknown format \"%s\"", path, format);
@@ -374,78 +418,104 @@ static ZpSchedule *read_json_root(json_t *root, const char *path, GError **error
     char *plan_what = g_strdup_printf("%s: plan", path);
     ok = ok && zp_json_check_keys(root, path, keys, error) &&
          json_is_object(json_object_get(root, "model")) &&
-         zp_model_from_json(json_object_get(root, "model"), model_what, &model, error) &&
+         zp_model_from_json(json_object_get(root, "model"), model_what, &r->model, error) &&
          json_is_object(json_object_get(root, "plan")) &&
-         zp_plan_from_json(json_object_get(root, "plan"), plan_what, &plan, error);
+         zp_plan_from_json(json_object_get(root, "plan"), plan_what, &r->plan, error);
     g_free(model_what);
     g_free(plan_what);
-    if (ok && !json_is_array(ops)) {
+    if (ok && !json_is_array(json_object_get(root, "ops"))) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"ops\" must be an array", path);
         ok = FALSE;
     }
     if (!ok && error && !*error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: keys \"model\" and \"plan\" must be objects",
                     path);
+    return ok;
+}
+
+static gboolean json_groups(json_t *root, const char *path, const ZpPlan *plan, GError **error)
+{
     json_t *groups = json_object_get(root, "groups");
     int dp = 0, mp = 0, n_groups = 0;
     ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
-    if (ok && groups) {
-        ok = groups_from_json(groups, path, (int64_t)plan.dp * plan.mp * zp_plan_pp(&plan),
-                              FALSE, table, &n_groups, &dp, &mp, error);
-        if (ok && (dp != plan.dp || mp != plan.mp)) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: key \"groups\": dp %d x tp %d, but the plan has dp %d x mp %d",
-                        path, dp, mp, plan.dp, plan.mp);
-            ok = FALSE;
-        }
-    }
-    ZpSchedule *s = ok ? zp_sched_build(&model, &plan, error) : NULL;
-    /* A pipeline's stage views: those its plan gives (written for the reader's eyes). */
-    json_t *stages = s && s->stages > 1 ? zp_sched_json_stages_json(s) : NULL;
-    if (stages && !json_equal(stages, json_object_get(root, "stages"))) {
+    if (!groups)
+        return TRUE;
+    if (!groups_from_json(groups, path, (int64_t)plan->dp * plan->mp * zp_plan_pp(plan), FALSE,
+                          table, &n_groups, &dp, &mp, error))
+        return FALSE;
+    if (dp != plan->dp || mp != plan->mp) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: key \"stages\": the %d stage views (state_bytes, units) must be those "
-                    "of the plan's pipeline, as zplan schedule writes them", path, s->stages);
-        zp_sched_free(s);
-        s = NULL;
+                    "%s: key \"groups\": dp %d x tp %d, but the plan has dp %d x mp %d", path, dp,
+                    mp, plan->dp, plan->mp);
+        return FALSE;
     }
-    json_decref(stages);
+    return TRUE;
+}
+
+static gboolean json_build(JsonRead *r, GError **error)
+{
+    r->s = zp_sched_build(&r->model, &r->plan, error);
+    if (!r->s)
+        return FALSE;
+    /* A pipeline's stage views: those its plan gives (written for the reader's eyes). */
+    r->stages = r->s->stages > 1 ? zp_sched_json_stages_json(r->s) : NULL;
     /* The builder's ops, which a schedule of another implementation than the paper's must
      * equal: zp_schedcheck checks ops against the paper's unit-level layout only. */
-    GArray *built_ops = NULL, *built_deps = NULL;
-    if (s) {
-        if (plan.impl != ZP_IMPL_PAPER || s->stages > 1) {
-            built_ops = g_array_copy(s->ops);
-            built_deps = g_array_copy(s->deps);
-        }
-        g_array_set_size(s->ops, 0);
-        g_array_set_size(s->deps, 0);
-        for (size_t i = 0; s && i < json_array_size(ops); i++)
-            if (!op_from_json(s, json_array_get(ops, i), (guint)i, (guint)json_array_size(ops),
-                              TRUE, path, error)) {
-                zp_sched_free(s);
-                s = NULL;
-            }
-        if (s && !(built_ops ? same_as_built(s, built_ops, built_deps, path, error)
-                             : zp_schedcheck_ops(s, path, error))) {
-            zp_sched_free(s);
-            s = NULL;
-        }
+    if (r->plan.impl != ZP_IMPL_PAPER || r->s->stages > 1) {
+        r->built_ops = g_array_copy(r->s->ops);
+        r->built_deps = g_array_copy(r->s->deps);
     }
-    if (s && !digest_from_json(s, json_object_get(root, "digest"), path, error)) {
-        zp_sched_free(s);
-        s = NULL;
-    }
-    if (built_ops)
-        g_array_unref(built_ops), g_array_unref(built_deps);
-    json_decref(root);
+    g_array_set_size(r->s->ops, 0);
+    g_array_set_size(r->s->deps, 0);
+    return TRUE;
+}
+
+static gboolean json_stages(json_t *root, const JsonRead *r, const char *path, GError **error)
+{
+    if (!r->stages || json_equal(r->stages, json_object_get(root, "stages")))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "%s: key \"stages\": the %d stage views (state_bytes, units) must be those "
+                "of the plan's pipeline, as zplan schedule writes them", path, r->s->stages);
+    return FALSE;
+}
+
+static gboolean json_finish(JsonRead *r, json_t *root, const char *path, GError **error)
+{
+    return (r->built_ops ? same_as_built(r->s, r->built_ops, r->built_deps, path, error)
+                         : zp_schedcheck_ops(r->s, path, error)) &&
+           digest_from_json(r->s, json_object_get(root, "digest"), path, error);
+}
+
+/* The schedule read, where `take`; what else the reading held is freed. */
+static ZpSchedule *json_read_end(JsonRead *r, gboolean take)
+{
+    ZpSchedule *s = take ? r->s : NULL;
+    if (!take)
+        zp_sched_free(r->s);
+    json_decref(r->stages);
+    if (r->built_ops)
+        g_array_unref(r->built_ops), g_array_unref(r->built_deps);
+    *r = (JsonRead){0};
     return s;
 }
 
-ZpSchedule *zp_sched_read_json(const char *path, GError **error)
+/* zp_sched_read_json of the file at path, parsed: root, which it takes. */
+static ZpSchedule *read_json_root(json_t *root, const char *path, GError **error)
 {
-    json_t *root = zp_schedsize_check_file(path, error) ? zp_json_load_object(path, error) : NULL;
-    return root ? read_json_root(root, path, error) : NULL;
+    JsonRead r = {0};
+    json_t *ops = json_object_get(root, "ops");
+    gboolean ok = json_head(root, path, &r, error) && json_groups(root, path, &r.plan, error) &&
+                  json_build(&r, error) && json_stages(root, &r, path, error);
+    GroupNames groups;
+    if (ok)
+        group_names_init(&groups, r.s, FALSE);
+    for (size_t i = 0; ok && i < json_array_size(ops); i++)
+        ok = op_from_json(r.s, &groups, json_array_get(ops, i), (guint)i,
+                          (guint)json_array_size(ops), TRUE, path, error);
+    ok = ok && json_finish(&r, root, path, error);
+    json_decref(root);
+    return json_read_end(&r, ok);
 }
 
 /* Fails naming an op on a dependency cycle, if there is one (Kahn's algorithm; an op left
@@ -545,30 +615,31 @@ static gboolean check_attention(const ZpSchedule *s, gboolean has_model, const c
     return TRUE;
 }
 
-ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
+/* zp_sched_read_graph's reading of a file without "stages", in steps as zp_sched_read_json's:
+ * graph_head (the keys, format, world, groups, precision, states, plan and model, "ops" an
+ * array, into s), the ops, graph_finish (no cycle, no attention FLOPs without a rate, a
+ * planner's step kept). */
+static ZpSchedule *graph_new(void)
 {
-    json_t *root = zp_schedsize_check_file(path, error) ? zp_json_load_object(path, error) : NULL;
-    if (!root)
-        return NULL;
-    /* A pipeline's file (`zplan schedule --out` with --pp: "stages", each stage's view of its
-     * model states and units) is read as zreal reads it, its ops and views held to those its
-     * model and plan build: the graph below has no stage views to give a rank class. */
-    if (json_object_get(root, "stages"))
-        return read_json_root(root, path, error);
+    ZpSchedule *s = g_new0(ZpSchedule, 1);
+    s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
+    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
+    s->elem_bytes = 2;
+    return s;
+}
+
+static gboolean graph_head(json_t *root, const char *path, ZpSchedule *s, GError **error)
+{
     /* A planner's file simulates whatever its digest says: zreal is the one to refuse edits. */
     static const char *const keys[] = {"format", "world", "groups", "ops", "state_bytes",
                                        "precision", "model", "plan", "elem_bytes", "units",
                                        "total_elems", "padded_elems", "partition_elems",
                                        "digest", NULL};
-    ZpSchedule *s = g_new0(ZpSchedule, 1);
-    s->ops = g_array_new(FALSE, TRUE, sizeof(ZpOp));
-    s->deps = g_array_new(FALSE, FALSE, sizeof(uint32_t));
-    s->elem_bytes = 2;
     const char *format = NULL, *precision = NULL;
     int64_t world = 0;
     int dp = 0, mp = 0;
-    json_t *ops = json_object_get(root, "ops"), *model = json_object_get(root, "model");
-    json_t *plan = json_object_get(root, "plan"), *state = json_object_get(root, "state_bytes");
+    json_t *model = json_object_get(root, "model"), *plan = json_object_get(root, "plan");
+    json_t *state = json_object_get(root, "state_bytes");
     char *model_what = g_strdup_printf("%s: model", path);
     char *plan_what = g_strdup_printf("%s: plan", path);
     gboolean ok = zp_json_check_keys(root, path, keys, error) &&
@@ -607,7 +678,7 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
         ok = json_is_object(model) && zp_model_from_json(model, model_what, &s->model, error);
     else if (ok)
         g_snprintf(s->model.name, sizeof s->model.name, "%s", "schedule");
-    if (ok && !json_is_array(ops)) {
+    if (ok && !json_is_array(json_object_get(root, "ops"))) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: key \"ops\" must be an array", path);
         ok = FALSE;
     }
@@ -615,18 +686,256 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
                     "%s: keys \"model\" and \"plan\" must be objects", path);
     s->world = (int)world;
-    for (size_t i = 0; ok && i < json_array_size(ops); i++)
-        ok = op_from_json(s, json_array_get(ops, i), (guint)i, (guint)json_array_size(ops), FALSE,
-                          path, error);
-    ok = ok && check_acyclic(s, path, error) && check_attention(s, model != NULL, path, error);
-    /* A planner's schedule (its model and plan given) also keeps the step's semantics. */
-    ok = ok && (!model || !plan || zp_schedcheck_step(s, path, error));
     g_free(model_what);
     g_free(plan_what);
+    return ok;
+}
+
+static gboolean graph_finish(json_t *root, const ZpSchedule *s, const char *path,
+                             GError **error)
+{
+    const gboolean model = json_object_get(root, "model") != NULL;
+    /* A planner's schedule (its model and plan given) also keeps the step's semantics. */
+    return check_acyclic(s, path, error) && check_attention(s, model, path, error) &&
+           (!model || !json_object_get(root, "plan") || zp_schedcheck_step(s, path, error));
+}
+
+/* zp_sched_read_graph of the file at path, parsed: root, which it takes. */
+static ZpSchedule *read_graph_root(json_t *root, const char *path, GError **error)
+{
+    /* A pipeline's file (`zplan schedule --out` with --pp: "stages", each stage's view of its
+     * model states and units) is read as zreal reads it, its ops and views held to those its
+     * model and plan build: the graph below has no stage views to give a rank class. */
+    if (json_object_get(root, "stages"))
+        return read_json_root(root, path, error);
+    ZpSchedule *s = graph_new();
+    json_t *ops = json_object_get(root, "ops");
+    GroupNames groups;
+    gboolean ok = graph_head(root, path, s, error);
+    if (ok)
+        group_names_init(&groups, s, FALSE);
+    for (size_t i = 0; ok && i < json_array_size(ops); i++)
+        ok = op_from_json(s, &groups, json_array_get(ops, i), (guint)i,
+                          (guint)json_array_size(ops), FALSE, path, error);
+    ok = ok && graph_finish(root, s, path, error);
     json_decref(root);
     if (!ok) {
         zp_sched_free(s);
         return NULL;
     }
     return s;
+}
+
+/* ---- the streamed reading ---- */
+
+/* How the streamed reader takes the ops: not decided yet, skipped (the model and plan they
+ * are read against come after them: a second pass reads them), or into zp_sched_read_json's
+ * schedule or a graph's. */
+typedef enum { OPS_UNDECIDED, OPS_SKIP, OPS_JSON, OPS_GRAPH } OpsHow;
+
+typedef struct {
+    const char *path;
+    gboolean graph; /* zp_sched_read_graph's reading, else zp_sched_read_json's */
+    json_t *root;   /* the top-level keys, "ops" as [] */
+    OpsHow how;
+    gboolean guess; /* the graph's reading guessed from the keys before the ops */
+    guint n_ops;
+    JsonRead json; /* OPS_JSON: its s is the schedule read */
+    ZpSchedule *s; /* the schedule the ops go into */
+    GroupNames groups;
+} Streamed;
+
+/* Reading the ops as `how`: the steps before them, on the keys root has. A graph's groups
+ * come after its ops (zplan writes "groups" after "ops"): their names are taken open. */
+static gboolean begin_ops(Streamed *r, OpsHow how, GError **error)
+{
+    r->how = how;
+    if (how == OPS_JSON && json_head(r->root, r->path, &r->json, error) &&
+        json_build(&r->json, error)) {
+        r->s = r->json.s;
+        group_names_init(&r->groups, r->s, FALSE);
+    } else if (how == OPS_GRAPH) {
+        r->s = graph_new();
+        group_names_init(&r->groups, r->s, TRUE);
+    }
+    return how == OPS_SKIP || r->s;
+}
+
+static void end_ops(Streamed *r)
+{
+    if (r->how == OPS_JSON)
+        json_read_end(&r->json, FALSE);
+    else if (r->how == OPS_GRAPH)
+        zp_sched_free(r->s);
+    r->s = NULL;
+    r->how = OPS_UNDECIDED;
+}
+
+/* How the keys that came before the ops say to read them: zp_sched_read_json's way, into the
+ * schedule its model and plan build; or, for zp_sched_read_graph, a graph's, unless "stages"
+ * came, or a plan with pipeline stages (whose file has "stages", after its ops). */
+static OpsHow ops_how(const Streamed *r)
+{
+    json_t *plan = json_object_get(r->root, "plan");
+    gboolean pipeline = json_object_get(r->root, "stages") != NULL;
+    ZpPlan p;
+    if (r->graph && !pipeline && json_is_object(plan))
+        pipeline = zp_plan_from_json(plan, r->path, &p, NULL) && zp_plan_pp(&p) > 1;
+    if (r->graph && !pipeline)
+        return OPS_GRAPH;
+    return json_object_get(r->root, "format") && json_object_get(r->root, "model") && plan
+               ? OPS_JSON
+               : OPS_SKIP;
+}
+
+static gboolean on_value(const char *key, void *value, gint64 index, guint64 offset, void *ctx,
+                         GError **error)
+{
+    Streamed *r = ctx;
+    (void)offset;
+    if (index < 0) {
+        json_object_set(r->root, key, value);
+        return TRUE;
+    }
+    if (index >= G_MAXUINT32) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: more ops than an index holds", r->path);
+        return FALSE;
+    }
+    r->n_ops = (guint)index + 1;
+    gboolean ok = TRUE;
+    if (r->how == OPS_UNDECIDED) {
+        json_object_set_new(r->root, "ops", json_array());
+        /* zp_sched_read_graph's reading is sure only once "stages" came. */
+        r->guess = r->graph && !json_object_get(r->root, "stages");
+        ok = begin_ops(r, ops_how(r), error);
+    }
+    /* Dependencies on ops that have not come yet are bounded once all have (deps_in). */
+    ok = ok && (r->how == OPS_SKIP || op_from_json(r->s, &r->groups, value, (guint)index,
+                                                   G_MAXUINT32, r->how == OPS_JSON, r->path,
+                                                   error));
+    if (ok || !r->guess)
+        return ok;
+    /* Refused as guessed, perhaps wrongly: the ops are read again once all keys are known. */
+    g_clear_error(error);
+    end_ops(r);
+    r->how = OPS_SKIP;
+    return TRUE;
+}
+
+static gboolean deps_in(const ZpSchedule *s, guint n_ops, const char *path, GError **error)
+{
+    for (guint i = 0; i < s->deps->len; i++)
+        if (g_array_index(s->deps, uint32_t, i) >= n_ops) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: a dependency past the last op",
+                        path);
+            return FALSE;
+        }
+    return TRUE;
+}
+
+/* A graph's ops, their groups numbered as the names first came, numbered as its table. */
+static gboolean remap_groups(const GroupNames *g, ZpSchedule *s, const char *path,
+                             GError **error)
+{
+    ZpCommGroup table[ZP_SCHED_MAX_GROUPS];
+    const int n = zp_sched_groups(s, table);
+    uint8_t to[ZP_SCHED_MAX_GROUPS];
+    for (int i = 0; i < g->n; i++) {
+        int j = 0;
+        while (j < n && strcmp(table[j].name, g->names[i]) != 0)
+            j++;
+        if (j == n) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: no group \"%s\" in \"groups\"",
+                        path, g->names[i]);
+            return FALSE;
+        }
+        to[i] = (uint8_t)j;
+    }
+    for (guint i = 0; i < s->ops->len; i++) {
+        ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        if (op->kind == ZP_OP_COLLECTIVE)
+            op->group = to[op->group];
+    }
+    return TRUE;
+}
+
+/* The file read with "ops" streamed (zp_jsonstream), each op converted as it comes and never
+ * held as JSON, the other keys kept as trees; NULL where it gives up: on anything the tree
+ * reader may refuse (it then says why, word for word), and on a file that changed between
+ * two passes (the ops came before the keys they are read against: they are read again). */
+static ZpSchedule *read_streamed(const char *path, gboolean graph, GError **error)
+{
+    Streamed r = {.path = path, .graph = graph, .root = json_object()};
+    ZpJsonStreamOptions options = {.stream_key = "ops", .keep_others = TRUE,
+                                   .max_value_bytes = G_MAXSIZE, .strict = TRUE};
+    gboolean ok = zp_json_stream_with(path, &options, on_value, &r, error);
+    json_object_set_new(r.root, "ops", json_array());
+    const OpsHow how = graph && !json_object_get(r.root, "stages") ? OPS_GRAPH : OPS_JSON;
+    if (ok && r.how != how) {
+        /* The ops came before the keys they are read against, or were taken for the other
+         * reading: they are read again, those keys known. */
+        const guint n_ops = r.n_ops;
+        end_ops(&r);
+        r.guess = FALSE;
+        ok = begin_ops(&r, how, error);
+        options.keep_others = FALSE;
+        r.n_ops = 0;
+        ok = ok && (n_ops == 0 || zp_json_stream_with(path, &options, on_value, &r, error));
+        if (ok && r.n_ops != n_ops) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: changed while read", path);
+            ok = FALSE;
+        }
+    }
+    ok = ok && deps_in(r.s, r.n_ops, path, error);
+    if (how == OPS_JSON)
+        ok = ok && json_head(r.root, path, &r.json, error) &&
+             json_groups(r.root, path, &r.json.plan, error) &&
+             json_stages(r.root, &r.json, path, error) &&
+             json_finish(&r.json, r.root, path, error);
+    else
+        ok = ok && graph_head(r.root, path, r.s, error) &&
+             remap_groups(&r.groups, r.s, path, error) && graph_finish(r.root, r.s, path, error);
+    ZpSchedule *s = NULL;
+    if (ok)
+        s = r.s, r.s = NULL, r.json.s = NULL;
+    end_ops(&r);
+    json_decref(r.root);
+    return s;
+}
+
+ZpSchedule *zp_sched_read_file(const char *path, gboolean graph, ZpSchedRead how,
+                               GError **error)
+{
+    if (!zp_schedsize_check_file(path, error))
+        return NULL;
+    /* A regular file is streamed. Where the stream gives up, and a file that cannot be read
+     * twice (a FIFO), the whole file is read as one tree: its refusals are the same. */
+    const gboolean regular = g_file_test(path, G_FILE_TEST_IS_REGULAR);
+    if (how != ZP_SCHED_READ_TREE && regular) {
+        GError *gave_up = NULL;
+        ZpSchedule *s = read_streamed(path, graph, &gave_up);
+        if (s || how == ZP_SCHED_READ_STREAM) {
+            if (!s)
+                g_propagate_error(error, gave_up);
+            return s;
+        }
+        g_clear_error(&gave_up);
+    } else if (how == ZP_SCHED_READ_STREAM) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "%s: not a regular file: read whole", path);
+        return NULL;
+    }
+    json_t *root = zp_json_load_object(path, error);
+    if (!root)
+        return NULL;
+    return graph ? read_graph_root(root, path, error) : read_json_root(root, path, error);
+}
+
+ZpSchedule *zp_sched_read_json(const char *path, GError **error)
+{
+    return zp_sched_read_file(path, FALSE, ZP_SCHED_READ_AUTO, error);
+}
+
+ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
+{
+    return zp_sched_read_file(path, TRUE, ZP_SCHED_READ_AUTO, error);
 }

@@ -15,8 +15,12 @@
 /* Bytes an op costs while it is built: 88 for ZpOp, its dependencies and the builder's per-op
  * state (137 measured at 3.8 million ops); the simulator checks its own state (sim_engine). */
 #define ZP_SCHED_OP_BYTES 160.0
-/* Ops a schedule file may hold: Jansson keeps each op as an object of some ten keys, about
- * 1 KB (a file of 10^7 ops took 10 GB to read). */
+/* Ops a schedule file may hold, and what reading one may take an op. The readers stream
+ * "ops" (zp_sched_read_file: under 200 bytes an op, the op read and zreal's reading's copy
+ * of the builder's to compare; 151 MB for Megatron 1T's 921,794, simulated), but a file the
+ * stream gives up on (one the tree reader may refuse, a FIFO) is read as one Jansson tree,
+ * each op an object of some ten keys, about 1 KB (a file of 10^7 ops took 10 GB to read):
+ * the check budgets that. */
 #define ZP_SCHED_FILE_MAX_OPS 4e6
 #define ZP_SCHED_FILE_OP_BYTES 1024.0
 /* Bytes a unit's [offset, elems] costs while zp_sched_write_json holds it as JSON (an array
@@ -41,7 +45,8 @@ gboolean zp_schedsize_check_plan(const ZpModel *model, const ZpPlan *plan, GErro
 /* Refuses a regular schedule file before it is parsed (a FIFO or a device is left to the
  * loader: it cannot be read twice): its ops counted by streaming the text for
  * "kind" keys (a few MB of buffer whatever the file's size), against ZP_SCHED_FILE_MAX_OPS and
- * the memory available at ZP_SCHED_FILE_OP_BYTES. */
+ * the memory available at ZP_SCHED_FILE_OP_BYTES (the whole-tree reading's, which a file the
+ * streamed reading gives up on takes). */
 gboolean zp_schedsize_check_file(const char *path, GError **error);
 
 /* The most bytes a rank holds at once running the schedule in list order: the step-long state
