@@ -491,7 +491,10 @@ static ZpSchedule *schedule_file(const SimulateFlags *f, GError **error)
 {
     if (!refuse_plan_flags(f, FROM_SCHEDULE, "the ops come from --schedule; leave it out", error))
         return NULL;
-    ZpSchedule *sched = zp_sched_read_graph(f->schedule, error);
+    CliProgress *progress = cli_progress_new("zplan simulate: reading the schedule");
+    ZpSchedule *sched =
+        zp_sched_read_graph_progress(f->schedule, cli_progress_update, progress, error);
+    cli_progress_free(progress);
     if (!sched)
         g_prefix_error(error, "--schedule: ");
     return sched;

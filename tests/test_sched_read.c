@@ -72,7 +72,7 @@ static void assert_same_schedule(const ZpSchedule *a, const ZpSchedule *b)
 static ZpSchedule *read_how(const char *path, gboolean graph, ZpSchedRead how, char **message)
 {
     GError *error = NULL;
-    ZpSchedule *s = zp_sched_read_file(path, graph, how, &error);
+    ZpSchedule *s = zp_sched_read_file(path, graph, how, NULL, NULL, &error);
     g_assert_true((s == NULL) == (error != NULL));
     *message = error ? g_strdup(error->message) : NULL;
     g_clear_error(&error);

@@ -141,6 +141,9 @@ gboolean zp_sched_write_json_progress(const ZpSchedule *sched, const char *path,
  * "digest" and zp_sched_read_json compares (ZpSchedule.digest): an edit that keeps every check
  * still shows. Free with g_free. */
 char *zp_sched_digest(const ZpSchedule *sched);
+/* The same, telling `progress` (or NULL) the share of the ops hashed. */
+char *zp_sched_digest_progress(const ZpSchedule *sched, ZpProgressFn progress,
+                               void *progress_ctx);
 ZpSchedule *zp_sched_read_json(const char *path, GError **error);
 
 /* A schedule file as an op graph, for the simulator: no model needed. It needs "format",
@@ -166,6 +169,11 @@ ZpSchedule *zp_sched_read_graph(const char *path, GError **error);
  * reading, else _json's. */
 typedef enum { ZP_SCHED_READ_AUTO, ZP_SCHED_READ_TREE, ZP_SCHED_READ_STREAM } ZpSchedRead;
 ZpSchedule *zp_sched_read_file(const char *path, gboolean graph, ZpSchedRead how,
-                               GError **error);
+                               ZpProgressFn progress, void *progress_ctx, GError **error);
+/* zp_sched_read_graph telling `progress` (or NULL) how far it is: the ops read (by the bytes
+ * of the file passed), then those checked against its digest. A million-op file takes
+ * seconds. */
+ZpSchedule *zp_sched_read_graph_progress(const char *path, ZpProgressFn progress,
+                                         void *progress_ctx, GError **error);
 
 #endif

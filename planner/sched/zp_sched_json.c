@@ -140,6 +140,11 @@ static char *digest_finish(GChecksum *sum)
 
 char *zp_sched_digest(const ZpSchedule *s)
 {
+    return zp_sched_digest_progress(s, NULL, NULL);
+}
+
+char *zp_sched_digest_progress(const ZpSchedule *s, ZpProgressFn progress, void *progress_ctx)
+{
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     zp_sched_groups(s, groups);
     GChecksum *sum = g_checksum_new(G_CHECKSUM_SHA256);
@@ -147,6 +152,8 @@ char *zp_sched_digest(const ZpSchedule *s)
         json_t *o = op_to_json(s, groups, zp_sched_op(s, i));
         digest_op(sum, o);
         json_decref(o);
+        if (progress && (i + 1) % 4096 == 0)
+            progress((double)(i + 1) / s->ops->len, progress_ctx);
     }
     return digest_finish(sum);
 }

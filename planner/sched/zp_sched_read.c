@@ -7,6 +7,7 @@
 #include "zp_schedsize.h"
 #include "zp_util.h"
 
+#include <glib/gstdio.h>
 #include <jansson.h>
 #include <string.h>
 
@@ -371,7 +372,23 @@ static gboolean same_as_built(const ZpSchedule *s, const GArray *ops, const GArr
 }
 
 /* The file's "digest" (optional) against the ops read: s->digest says how they compare. */
-static gboolean digest_from_json(ZpSchedule *s, json_t *digest, const char *path, GError **error)
+/* How far a streamed reading is, told to its caller: the ops read, by the bytes of the file
+ * passed, as the first READ_SHARE; the digest's ops hashed as the rest. */
+#define READ_SHARE 0.6
+typedef struct {
+    ZpProgressFn fn; /* NULL: nobody asked */
+    void *ctx;
+    double file_bytes;
+} ReadProgress;
+
+static void digest_progress(double fraction, void *ctx)
+{
+    const ReadProgress *p = ctx;
+    p->fn(READ_SHARE + (1 - READ_SHARE) * fraction, p->ctx);
+}
+
+static gboolean digest_from_json(ZpSchedule *s, json_t *digest, const char *path,
+                                 const ReadProgress *progress, GError **error)
 {
     s->digest = ZP_DIGEST_ABSENT;
     if (!digest)
@@ -381,7 +398,9 @@ static gboolean digest_from_json(ZpSchedule *s, json_t *digest, const char *path
                     "%s: key \"digest\" must be a string \"sha256:HEX\"", path);
         return FALSE;
     }
-    char *ours = zp_sched_digest(s);
+    char *ours = progress && progress->fn
+                     ? zp_sched_digest_progress(s, digest_progress, (void *)progress)
+                     : zp_sched_digest(s);
     s->digest = strcmp(ours, json_string_value(digest)) == 0 ? ZP_DIGEST_MATCH
                                                              : ZP_DIGEST_MISMATCH;
     g_free(ours);
@@ -400,6 +419,7 @@ typedef struct {
     ZpSchedule *s;
     GArray *built_ops, *built_deps; /* what the file's ops must equal (NULL: zp_schedcheck's) */
     json_t *stages;                 /* the plan's stage views (NULL without a pipeline) */
+    const ReadProgress *progress;   /* the streamed reading's (NULL: none) */
 } JsonRead;
 
 static gboolean json_head(json_t *root, const char *path, JsonRead *r, GError **error)
@@ -484,7 +504,7 @@ static gboolean json_finish(JsonRead *r, json_t *root, const char *path, GError 
 {
     return (r->built_ops ? same_as_built(r->s, r->built_ops, r->built_deps, path, error)
                          : zp_schedcheck_ops(r->s, path, error)) &&
-           digest_from_json(r->s, json_object_get(root, "digest"), path, error);
+           digest_from_json(r->s, json_object_get(root, "digest"), path, r->progress, error);
 }
 
 /* The schedule read, where `take`; what else the reading held is freed. */
@@ -743,6 +763,7 @@ typedef struct {
     JsonRead json; /* OPS_JSON: its s is the schedule read */
     ZpSchedule *s; /* the schedule the ops go into */
     GroupNames groups;
+    ReadProgress progress;
 } Streamed;
 
 /* Reading the ops as `how`: the steps before them, on the keys root has. A graph's groups
@@ -792,7 +813,9 @@ static gboolean on_value(const char *key, void *value, gint64 index, guint64 off
                          GError **error)
 {
     Streamed *r = ctx;
-    (void)offset;
+    if (r->progress.fn && index >= 0 && (index + 1) % 4096 == 0)
+        r->progress.fn(READ_SHARE * MIN(1.0, (double)offset / r->progress.file_bytes),
+                       r->progress.ctx);
     if (index < 0) {
         json_object_set(r->root, key, value);
         return TRUE;
@@ -863,9 +886,10 @@ static gboolean remap_groups(const GroupNames *g, ZpSchedule *s, const char *pat
  * held as JSON, the other keys kept as trees; NULL where it gives up: on anything the tree
  * reader may refuse (it then says why, word for word), and on a file that changed between
  * two passes (the ops came before the keys they are read against: they are read again). */
-static ZpSchedule *read_streamed(const char *path, gboolean graph, GError **error)
+static ZpSchedule *read_streamed(const char *path, gboolean graph, const ReadProgress *progress,
+                                 GError **error)
 {
-    Streamed r = {.path = path, .graph = graph, .root = json_object()};
+    Streamed r = {.path = path, .graph = graph, .root = json_object(), .progress = *progress};
     ZpJsonStreamOptions options = {.stream_key = "ops", .keep_others = TRUE,
                                    .max_value_bytes = G_MAXSIZE, .strict = TRUE};
     gboolean ok = zp_json_stream_with(path, &options, on_value, &r, error);
@@ -887,6 +911,7 @@ static ZpSchedule *read_streamed(const char *path, gboolean graph, GError **erro
         }
     }
     ok = ok && deps_in(r.s, r.n_ops, path, error);
+    r.json.progress = &r.progress;
     if (how == OPS_JSON)
         ok = ok && json_head(r.root, path, &r.json, error) &&
              json_groups(r.root, path, &r.json.plan, error) &&
@@ -904,7 +929,7 @@ static ZpSchedule *read_streamed(const char *path, gboolean graph, GError **erro
 }
 
 ZpSchedule *zp_sched_read_file(const char *path, gboolean graph, ZpSchedRead how,
-                               GError **error)
+                               ZpProgressFn progress, void *progress_ctx, GError **error)
 {
     if (!zp_schedsize_check_file(path, error))
         return NULL;
@@ -913,7 +938,11 @@ ZpSchedule *zp_sched_read_file(const char *path, gboolean graph, ZpSchedRead how
     const gboolean regular = g_file_test(path, G_FILE_TEST_IS_REGULAR);
     if (how != ZP_SCHED_READ_TREE && regular) {
         GError *gave_up = NULL;
-        ZpSchedule *s = read_streamed(path, graph, &gave_up);
+        GStatBuf st;
+        const ReadProgress told = {
+            progress, progress_ctx,
+            g_stat(path, &st) == 0 && st.st_size > 0 ? (double)st.st_size : 1.0};
+        ZpSchedule *s = read_streamed(path, graph, &told, &gave_up);
         if (s || how == ZP_SCHED_READ_STREAM) {
             if (!s)
                 g_propagate_error(error, gave_up);
@@ -932,10 +961,16 @@ ZpSchedule *zp_sched_read_file(const char *path, gboolean graph, ZpSchedRead how
 
 ZpSchedule *zp_sched_read_json(const char *path, GError **error)
 {
-    return zp_sched_read_file(path, FALSE, ZP_SCHED_READ_AUTO, error);
+    return zp_sched_read_file(path, FALSE, ZP_SCHED_READ_AUTO, NULL, NULL, error);
 }
 
 ZpSchedule *zp_sched_read_graph(const char *path, GError **error)
 {
-    return zp_sched_read_file(path, TRUE, ZP_SCHED_READ_AUTO, error);
+    return zp_sched_read_file(path, TRUE, ZP_SCHED_READ_AUTO, NULL, NULL, error);
+}
+
+ZpSchedule *zp_sched_read_graph_progress(const char *path, ZpProgressFn progress,
+                                         void *progress_ctx, GError **error)
+{
+    return zp_sched_read_file(path, TRUE, ZP_SCHED_READ_AUTO, progress, progress_ctx, error);
 }
