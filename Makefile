@@ -224,6 +224,7 @@ endif
 bench: all
 	$(BUILD)/bench/bench_sim
 	$(BUILD)/bench/bench_plan
+	$(BUILD)/bench/bench_io
 	$(BUILD)/bench/bench_gemm
 	sh bench/validate_cpu.sh $(BUILD)/validate-cpu
 	sh bench/pipe_bubble.sh $(BUILD)
