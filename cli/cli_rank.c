@@ -124,8 +124,8 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 }
 
 /* The most micro-steps x units (layers + 2) the short path takes: its time grows with the
- * micro-steps where the fold sums every inserted period's ops (ZeRO-3's gathers and
- * reductions each micro-step): gpt-1t ZeRO-3 on 16,384 GPUs with checkpointing takes 0.14 s
+ * micro-steps (the fold's op sums and jumps), most on the plans measured where ZeRO-3 gathers
+ * and reduces every micro-step: gpt-1t ZeRO-3 on 16,384 GPUs with checkpointing takes 0.14 s
  * at 3,800 micro-steps and 0.8-1.0 s at 20,000 (2.6e6), in 24 MB; Megatron 1T (pp 64) takes
  * 0.11-0.20 s from 3,800 to 100,000 micro-steps. 2.5e6 keeps an answer near a second, as
  * ZP_SCHED_MAX_UNIT_STEPS does for the full schedule (5e5). */
