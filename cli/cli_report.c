@@ -49,9 +49,7 @@ static gboolean drawn_rank(const ZpSchedule *s, const SimResult *r, Drawn *d)
         return FALSE;
     d->start_s = r->op_start_s + base;
     d->end_s = r->op_end_s + base;
-    /* World ranks go tp fastest, then stage (cli_simulate_out.c ops_json). */
-    d->stage = (r->first_rank[r->report_rank] / (uint32_t)s->plan.mp) %
-               (uint32_t)MAX(r->stages, 1);
+    d->stage = sim_result_rank_stage(r, (uint32_t)r->report_rank, s->plan.mp);
     d->state_bytes = r->stages > 1 && s->stage_state_bytes
                          ? &s->stage_state_bytes[d->stage * ZP_MEM_N]
                          : s->state_bytes;

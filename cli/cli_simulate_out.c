@@ -114,9 +114,8 @@ static json_t *ops_json(const CliSimReport *p)
         size_t base = 0;
         const gboolean kept = sim_result_timeline_row(r, (uint32_t)r->report_rank, &base);
         g_assert(kept);
-        /* The reported rank's pipeline stage (world ranks tp-fastest, then stage). */
-        const uint32_t stage = (r->first_rank[r->report_rank] / (uint32_t)p->plan->mp) %
-                               (uint32_t)MAX(r->stages, 1);
+        const uint32_t stage =
+            sim_result_rank_stage(r, (uint32_t)r->report_rank, p->plan->mp);
         for (uint32_t i = 0; i < r->n_ops; i++) {
             const ZpOp *op = zp_sched_op(p->sched, i);
             if ((op->kind != ZP_OP_COMPUTE && op->kind != ZP_OP_COLLECTIVE) ||

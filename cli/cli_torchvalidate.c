@@ -77,8 +77,7 @@ static gboolean predicted_classes(const CliSimulated *s, double class_s[ZP_KCLAS
                     "validate: the step was run without the reported rank's timeline");
         return FALSE;
     }
-    const uint32_t stage = (r->first_rank[r->report_rank] / (uint32_t)s->plan->mp) %
-                           (uint32_t)MAX(r->stages, 1);
+    const uint32_t stage = sim_result_rank_stage(r, (uint32_t)r->report_rank, s->plan->mp);
     memset(class_s, 0, ZP_KCLASS_N * sizeof *class_s);
     for (uint32_t i = 0; i < r->n_ops; i++) {
         const ZpOp *op = zp_sched_op(s->sched, i);

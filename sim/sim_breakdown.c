@@ -224,6 +224,11 @@ void sim_result_free(SimResult *result)
     g_free(result);
 }
 
+uint32_t sim_result_rank_stage(const SimResult *result, uint32_t rank, int mp)
+{
+    return (result->first_rank[rank] / (uint32_t)MAX(mp, 1)) % (uint32_t)MAX(result->stages, 1);
+}
+
 gboolean sim_result_timeline_row(const SimResult *result, uint32_t rank, size_t *base)
 {
     if (!result->op_start_s || rank >= (uint32_t)result->ranks_simulated)

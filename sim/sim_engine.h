@@ -209,6 +209,10 @@ void sim_result_free(SimResult *result);
  * no timeline or none for that rank. */
 gboolean sim_result_timeline_row(const SimResult *result, uint32_t rank, size_t *base);
 
+/* The pipeline stage simulated rank `rank` runs (0 without a pipeline): its first world
+ * rank's, world ranks numbered tp fastest (mp of them), then stage, then dp. */
+uint32_t sim_result_rank_stage(const SimResult *result, uint32_t rank, int mp);
+
 /* Seconds one compute op takes (zp_hw_compute_time_s): flops other than attn_flops at peak x
  * GEMM efficiency at gemm_flops, attn_flops at the fused kernel's attn_flops_per_s, plus
  * mem_bytes / zp_hw_memory_bytes_per_s, with the peak of the plan's precision. */

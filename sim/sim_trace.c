@@ -155,7 +155,7 @@ static void append_us(GString *out, const char *key, int64_t ns)
  * dp). */
 static uint32_t stage_of(const ZpSchedule *s, const SimResult *r, int pid)
 {
-    return (r->first_rank[pid] / (uint32_t)s->plan.mp) % (uint32_t)MAX(r->stages, 1);
+    return sim_result_rank_stage(r, (uint32_t)pid, s->plan.mp);
 }
 
 static void append_metadata(TraceOut *w, const ZpSchedule *s, const SimResult *r, int pid)

@@ -153,6 +153,14 @@ static gboolean stream_put(ZpOutStream *out, const char *data, gsize length)
     return ok;
 }
 
+/* FALSE, with the first failed write's error, where one failed. */
+static gboolean stream_ok(ZpOutStream *out, GError **error)
+{
+    if (out->failed && error)
+        *error = g_error_copy(out->failed);
+    return !out->failed;
+}
+
 static gboolean stream_flush(ZpOutStream *out)
 {
     const gsize used = out->used;
@@ -203,9 +211,7 @@ gboolean zp_out_stream_write(ZpOutStream *out, const char *data, gsize length, G
         memcpy(out->buffer + out->used, data, length);
         out->used += length;
     }
-    if (out->failed && error)
-        *error = g_error_copy(out->failed);
-    return !out->failed;
+    return stream_ok(out, error);
 }
 
 void zp_out_stream_abort(ZpOutStream *out)
@@ -343,14 +349,6 @@ static int dump_piece(const char *buffer, size_t size, void *data)
         buffer += n, size -= n;
     }
     return 0;
-}
-
-/* FALSE, with the first failed write's error, where one failed. */
-static gboolean stream_ok(ZpOutStream *out, GError **error)
-{
-    if (out->failed && error)
-        *error = g_error_copy(out->failed);
-    return !out->failed;
 }
 
 gboolean zp_out_stream_json(ZpOutStream *out, json_t *value, int depth, GError **error)
