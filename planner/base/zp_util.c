@@ -454,9 +454,12 @@ void zp_advise_huge_pages(void *data, size_t bytes)
  * first-touch fault costs microseconds (this development VM: 64 MiB touched in 4 KiB pages
  * 185 ms, in 2 MiB pages 4-9 ms), and each array zp_advise_huge_pages did not reach (a
  * GArray grown by doubling, the engine's smaller arrays, the allocator replay's) faulted so:
- * `plan --3d` gpt-1t/4096 faulted ~9,000 times, a fifth to a quarter of its CPU time, and
- * 340-630 times with this (bench/bench_plan). Past it the heap grows as before. */
-#define HEAP_HUGE_BYTES ((size_t)256 << 20)
+ * `plan --3d` gpt-1t/4096 faulted ~9,000 times, a fifth to a quarter of its CPU time, and ~600
+ * with this (bench/bench_plan). 128 MiB holds a search's and a simulation's evaluations; at
+ * 256 MiB Megatron 1T's --trace, whose heap passes it, peaked 62 MiB higher (bench_io: a
+ * 2 MiB page is resident whole once any byte of it is touched). Past it the heap grows as
+ * before. */
+#define HEAP_HUGE_BYTES ((size_t)128 << 20)
 
 static void advise_heap_huge(void)
 {

@@ -133,7 +133,7 @@ static inline guint zp_lower_bound_u32(const uint32_t *v, guint n, uint32_t x)
 /* Has glibc's malloc keep freed memory for the next allocation (mallopt M_MMAP_THRESHOLD and
  * M_TRIM_THRESHOLD at 1 GiB) instead of handing each large block back to the kernel, which
  * zeroes fresh pages again for the next one; and, where glibc took both, has the heap's first
- * 256 MiB (address space, not memory) fault in transparent huge pages. A process that
+ * 128 MiB (address space, not memory) fault in transparent huge pages. A process that
  * evaluates plans calls it first (zplan's main, the benches); elsewhere glibc's defaults
  * stay. */
 void zp_malloc_keep_freed(void);
