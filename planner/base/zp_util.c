@@ -12,7 +12,6 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-#include <unistd.h>
 
 #ifndef ZP_DATA_DIR
 #define ZP_DATA_DIR "."
@@ -433,19 +432,6 @@ void zp_advise_huge_pages(void *data, size_t bytes)
 #endif
 }
 
-/* By default glibc maps each block over its dynamic threshold (at most 32 MiB) on its own and
- * unmaps it when freed, and trims the heap's free top past 128 KiB: an evaluation's phases
- * (build, simulation, allocator replay) free tens of megabytes that the next phase asks for
- * again as fresh pages, which the kernel zeroes (clear_page_erms and its faults: a fifth to a
- * third of the 32,000-layer stage-3 case's CPU time). Kept in the heap, that case's run faults
- * ~170 huge pages and ~7,000 small ones in place of ~230 and ~23,000 (340 MiB zeroed in place
- * of 550 MiB); bench_sim deep 32000: build + simulation 0.405-0.444 s -> 0.368-0.391 s,
- * replay 0.162 -> 0.130 s; Megatron 1T's evaluation 55-60 -> 45-49 ms; `plan --3d` 0.47 ->
- * 0.43 CPU s. The price is peak RSS: 336 -> 366 MiB at 32,000 layers, 56 -> 71 MB for
- * `plan --3d` (freed blocks no later request fits); the --json and --trace targets' RSS is
- * unchanged (7, 8 and 36 MiB). Memory stays bounded: the heap holds at most what the process
- * used at its peak. mallopt takes an int: 1 GiB. A refusal (another libc) leaves the
- * defaults. */
 /* The heap's first HEAP_HUGE_BYTES: taken from the kernel at once (address space only, nothing
  * is touched) and handed back to malloc's free top, which M_TRIM_THRESHOLD keeps; advised as
  * transparent huge pages before anything lives there, so every block malloc later carves from
@@ -467,7 +453,9 @@ static void advise_heap_huge(void)
     char *low = malloc(1);
     /* volatile: a malloc freed unused may be left out by the compiler */
     char *volatile reserve = malloc(HEAP_HUGE_BYTES);
-    const uintptr_t page = 4096, from = ((uintptr_t)low + page - 1) & ~(page - 1);
+    const long page_bytes = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = page_bytes > 0 ? (uintptr_t)page_bytes : 4096;
+    const uintptr_t from = ((uintptr_t)low + page - 1) & ~(page - 1);
     const uintptr_t top = (uintptr_t)sbrk(0) & ~(page - 1);
     /* Only where both came from the one brk heap, the reserve above the small block (not a
      * mapping of its own, nor another allocator's: ASan's, valgrind's) */
@@ -480,6 +468,19 @@ static void advise_heap_huge(void)
 #endif
 }
 
+/* By default glibc maps each block over its dynamic threshold (at most 32 MiB) on its own and
+ * unmaps it when freed, and trims the heap's free top past 128 KiB: an evaluation's phases
+ * (build, simulation, allocator replay) free tens of megabytes that the next phase asks for
+ * again as fresh pages, which the kernel zeroes (clear_page_erms and its faults: a fifth to a
+ * third of the 32,000-layer stage-3 case's CPU time). Kept in the heap, that case's run faults
+ * ~170 huge pages and ~7,000 small ones in place of ~230 and ~23,000 (340 MiB zeroed in place
+ * of 550 MiB); bench_sim deep 32000: build + simulation 0.405-0.444 s -> 0.368-0.391 s,
+ * replay 0.162 -> 0.130 s; Megatron 1T's evaluation 55-60 -> 45-49 ms; `plan --3d` 0.47 ->
+ * 0.43 CPU s. The price is peak RSS: 336 -> 366 MiB at 32,000 layers, 56 -> 71 MB for
+ * `plan --3d` (freed blocks no later request fits); the --json and --trace targets' RSS is
+ * unchanged (7, 8 and 36 MiB). Memory stays bounded: the heap holds at most what the process
+ * used at its peak. mallopt takes an int: 1 GiB. A refusal (another libc) leaves the
+ * defaults. */
 void zp_malloc_keep_freed(void)
 {
 #ifdef M_MMAP_THRESHOLD
