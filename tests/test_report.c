@@ -193,11 +193,58 @@ static void test_pipeline_page(void)
     tu_tmp_file_remove(html, dir);
 }
 
+/* The page's bytes by group are simulate's: data parallel with ZeRO++'s hpZ and qgZ subgroups
+ * and a mixture of experts' expert-data-parallel group (the page drew the DP group's alone:
+ * 13.07 GB of Llama-2-7B's 29.68 with ZeRO++, 30.14 GB of Mixtral-8x7B's 148.5), and the
+ * experts' all-to-all, which simulate prints apart, as a bar of its own. */
+static void test_bytes_agree(void)
+{
+    static const char *const plans[] = {
+        "--model gpt2-1.5b --cluster dgx-h100 --gpus 16 --stage 3 --micro-batch 1 "
+        "--quantized-weights --quantized-gradients --hpz-partition-size 8",
+        "--model moe-tiny --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 4 --ep 2",
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(plans); i++) {
+        char *dir;
+        char *html = tu_tmp_file("report", "bytes.html", &dir);
+        char *args = g_strdup_printf("simulate %s --json", plans[i]);
+        json_t *sim = tu_zplan_json(args);
+        g_free(args);
+        json_t *bytes = json_object_get(sim, "comm_bytes_per_rank");
+        const double dp = json_number_value(json_object_get(bytes, "dp"));
+        const double ep = json_number_value(json_object_get(bytes, "ep"));
+        args = g_strdup_printf("report %s --html %s", plans[i], html);
+        tu_zplan_ok(args);
+        char *page = NULL;
+        g_assert_true(g_file_get_contents(html, &page, NULL, NULL));
+        g_assert_cmpfloat(dp, >, 0);
+        const char *labels[] = {">data parallel</text>", ">expert all-to-all</text>"};
+        const double want[] = {dp, ep};
+        for (size_t b = 0; b < G_N_ELEMENTS(labels); b++) {
+            const char *bar = strstr(page, labels[b]);
+            if (want[b] == 0) { /* no all-to-all, no bar */
+                g_assert_null(bar);
+                continue;
+            }
+            g_assert_nonnull(bar);
+            char *line = g_strndup(bar, strcspn(bar, "\n"));
+            char *value = g_strdup_printf(">%.4g GB</text>", want[b] / 1e9);
+            g_test_message("%s: %s", line, value);
+            g_assert_nonnull(strstr(line, value));
+            g_free(value), g_free(line);
+        }
+        g_free(page), g_free(args);
+        json_decref(sim);
+        tu_tmp_file_remove(html, dir);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/report/html-page", test_html_page);
     g_test_add_func("/report/plan-page", test_plan_page);
     g_test_add_func("/report/pipeline-page", test_pipeline_page);
+    g_test_add_func("/report/bytes-agree", test_bytes_agree);
     return g_test_run();
 }
