@@ -27,6 +27,14 @@ ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan)
     return st;
 }
 
+gboolean zp_impl_params_are_master(const ZpPlan *plan)
+{
+    double master, m, v;
+    zp_plan_optimizer_split(plan, &master, &m, &v);
+    return plan->zero.stage == 3 && zp_impl_get(plan->impl)->sharded_params_are_master &&
+           master > 0;
+}
+
 void zp_impl_plan_defaults(ZpPlan *plan)
 {
     const ZpImpl *impl = zp_impl_get(plan->impl);

@@ -292,6 +292,12 @@ gboolean zp_impl_fsdp2_root_joined(const ZpSchedule *s);
  * gradients as the plan's implementation keeps them (ZpImpl grad_bytes). */
 ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan);
 
+/* Whether the plan's sharded parameters are its master weights, with no 16-bit copy at rest:
+ * stage 3 (after zp_impl_normalize_plan) of an implementation that keeps them so
+ * (sharded_params_are_master: FSDP2) under mixed precision (a master copy to be). The
+ * schedule's layout and `zplan memory` count the states by it. */
+gboolean zp_impl_params_are_master(const ZpPlan *plan);
+
 /* Applies the plan's implementation's defaults (ZpImpl plan_defaults), if it has any. */
 void zp_impl_plan_defaults(ZpPlan *plan);
 

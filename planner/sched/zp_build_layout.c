@@ -152,7 +152,7 @@ void zp_build_layout(Builder *b)
     /* the most any rank's optimizer holds (Megatron's: its parameters' elements alone) */
     const double optim_elems = stage == 3 ? part : (double)zp_impl_opt_elems(s, -1);
     /* the master weights are the partition itself (ZpImpl sharded_params_are_master) */
-    const gboolean master_only = stage == 3 && b->impl->sharded_params_are_master && master > 0;
+    const gboolean master_only = zp_impl_params_are_master(&s->plan);
     s->state_bytes[ZP_MEM_PARAMS] = master_only ? 0.0 : params_elems[stage] * p;
     const double grads = b->impl->grad_state_elems(s) * g;
     const gboolean taken = b->impl->grads_taken_by_reduction &&
