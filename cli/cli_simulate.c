@@ -782,6 +782,14 @@ static int run_with_flags(int argc, char **argv, const char *name, const char *s
 /* --no-fold, on simulate and report alike. */
 #define NO_FOLD_HELP "Step every period of a pipeline's steady state (and every micro-step of gradient accumulation) instead of advancing by whole periods where they repeat exactly: the same results, slower"
 
+/* What the step runs and how, on simulate and report alike: report says it takes simulate's
+ * flags, and refused these (a plan priced with `plan --kernels eager` could not be drawn). */
+#define SIMULATE_RUN_ENTRIES(f) \
+        {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &(f)->schedule, "Time this schedule file (zplan schedule --out, or written by hand; docs/schedule.md) instead of a plan: no --model or plan flags", "FILE"}, \
+        {"kernels", 0, 0, G_OPTION_ARG_STRING, &(f)->kernels, "The kernel inventory a GPU profile's kernel_rates price: eager (PyTorch eager under autocast, as Hugging Face runs a model), megatron or deepspeed (default: the one --impl names, else eager)", "NAME"}, \
+        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &(f)->slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"}, \
+        {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &(f)->slow_links, "Node NODE's network moves data FACTOR times slower (repeatable)", "NODE:FACTOR"}
+
 int cli_simulate(int argc, char **argv)
 {
     SimulateFlags f = {0};
@@ -791,10 +799,7 @@ int cli_simulate(int argc, char **argv)
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print JSON", NULL},
         {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
         {"html", 0, 0, G_OPTION_ARG_FILENAME, &f.html, "Write the step as one HTML page (zplan report)", "OUT.html"},
-        {"schedule", 0, 0, G_OPTION_ARG_FILENAME, &f.schedule, "Time this schedule file (zplan schedule --out, or written by hand; docs/schedule.md) instead of a plan: no --model or plan flags", "FILE"},
-        {"kernels", 0, 0, G_OPTION_ARG_STRING, &f.kernels, "The kernel inventory a GPU profile's kernel_rates price: eager (PyTorch eager under autocast, as Hugging Face runs a model), megatron or deepspeed (default: the one --impl names, else eager)", "NAME"},
-        {"slow-rank", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_ranks, "Rank R computes FACTOR times slower (repeatable)", "R:FACTOR"},
-        {"slow-link", 0, 0, G_OPTION_ARG_STRING_ARRAY, &f.slow_links, "Node NODE's network moves data FACTOR times slower (repeatable)", "NODE:FACTOR"},
+        SIMULATE_RUN_ENTRIES(&f),
         CLI_BUDGET_ENTRIES(&f.budget),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };
@@ -836,6 +841,8 @@ int cli_report(int argc, char **argv)
         {"json", 0, 0, G_OPTION_ARG_NONE, &f.json, "Print simulate's JSON", NULL},
         {"explicit", 0, 0, G_OPTION_ARG_NONE, &f.explicit_ranks, "Simulate every rank, not one per class of identical ranks", NULL},
         {"no-fold", 0, 0, G_OPTION_ARG_NONE, &f.no_fold, NO_FOLD_HELP, NULL},
+        {"trace", 0, 0, G_OPTION_ARG_FILENAME, &f.trace, "Write a Chrome/Perfetto trace-event JSON", "FILE"},
+        SIMULATE_RUN_ENTRIES(&f),
         CLI_BUDGET_ENTRIES(&f.budget),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
     };

@@ -239,6 +239,34 @@ static void test_bytes_agree(void)
     }
 }
 
+/* report takes simulate's flags, as its help says: --kernels, --slow-rank, --slow-link and
+ * --trace were refused ("Unknown option"), so the plan `plan --kernels eager` ranked or a slow
+ * rank's step could not be drawn; with them it prints what simulate prints. */
+static void test_simulate_flags(void)
+{
+    char *dir;
+    char *html = tu_tmp_file("report", "flags.html", &dir);
+    char *trace = g_build_filename(dir, "flags.json", NULL);
+    const char *plan = "--model gpt2-1.5b --cluster dgx-a100-80g --gpus 16 --stage 2 "
+                       "--micro-batch 2 --grad-accum 2 --kernels eager --slow-rank 3:1.2 "
+                       "--slow-link 1:1.5";
+    char *args = g_strdup_printf("simulate %s", plan);
+    TuRun sim = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(sim.status, NULL));
+    g_free(args);
+    args = g_strdup_printf("report %s --trace %s --html %s", plan, trace, html);
+    TuRun report = tu_zplan(args);
+    g_test_message("%s: %s", args, report.err);
+    g_assert_true(g_spawn_check_wait_status(report.status, NULL));
+    g_assert_cmpstr(report.out, ==, sim.out);
+    g_assert_true(g_file_test(trace, G_FILE_TEST_EXISTS));
+    g_assert_true(g_file_test(html, G_FILE_TEST_EXISTS));
+    tu_free(&sim), tu_free(&report);
+    g_remove(trace);
+    g_free(trace), g_free(args);
+    tu_tmp_file_remove(html, dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -246,5 +274,6 @@ int main(int argc, char **argv)
     g_test_add_func("/report/plan-page", test_plan_page);
     g_test_add_func("/report/pipeline-page", test_pipeline_page);
     g_test_add_func("/report/bytes-agree", test_bytes_agree);
+    g_test_add_func("/report/simulate-flags", test_simulate_flags);
     return g_test_run();
 }
