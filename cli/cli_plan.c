@@ -630,8 +630,16 @@ static int report(const PlanArgs *a, const ZpSearchResult *r)
         if (r->ranked->len)
             print_ranked(a, r, sims);
         print_stages(a, r);
-        if (a->ds_config && r->ranked->len)
+        if (a->ds_config && r->ranked->len) {
             printf("\nDeepSpeed config of plan 1 written to %s\n", a->ds_config);
+            /* DeepSpeed's PipelineEngine runs 1F1B whatever the file says: the schedule is
+             * zplan's key, for simulate --ds-config, not a setting DeepSpeed has. */
+            const ZpPlan *best = &zp_search_ranked(r, 0)->plan;
+            if (zp_plan_pp(best) > 1 && best->pipe.schedule != ZP_PIPE_1F1B)
+                printf("  (its pipeline.schedule \"%s\" is zplan's key, read back by simulate "
+                       "--ds-config: DeepSpeed's PipelineEngine runs 1F1B)\n",
+                       zp_pipe_schedule_name(best->pipe.schedule));
+        }
     }
     if (status == 0 && r->ranked->len == 0) {
         /* Nothing ranked means every plan was over memory, so the closest one is set. */

@@ -129,6 +129,39 @@ static void test_plan_round_trip(void)
     json_decref(plan), json_decref(sim);
 }
 
+/* The same with `plan --3d`'s plan 1 on an interleaved pipeline: the config holds its schedule
+ * (zplan's keys; DeepSpeed's engine runs 1F1B, which plan says), so simulate reads back that
+ * plan, not its 1F1B twin (33.60 s and 78.0 GB ranked, 35.23 s and 69.5 GB read back). */
+static void test_plan_round_trip_pipeline(void)
+{
+    char *ds = g_build_filename(dir, "ds-3d.json", NULL);
+    const char *common = "--model gpt3-175b --cluster dgx-a100-80g --gpus 512";
+    char *args = g_strdup_printf("plan %s --global-batch 1536 --3d --top 1 --json --ds-config %s",
+                                 common, ds);
+    json_t *plan = tu_zplan_json_fit_or_not(args);
+    json_t *best = json_object_get(plan, "best");
+    json_t *pipe = json_object_get(best, "pipeline");
+    g_assert_nonnull(pipe);
+    g_assert_cmpstr(json_string_value(json_object_get(pipe, "schedule")), ==, "interleaved");
+    g_free(args);
+    args = g_strdup_printf("simulate %s --ds-config %s --json", common, ds);
+    json_t *sim = tu_zplan_json_fit_or_not(args);
+    g_assert_cmpfloat(json_number_value(json_object_get(sim, "step_time_s")), ==,
+                      json_number_value(json_object_get(best, "step_time_s")));
+    g_assert_cmpfloat(json_number_value(json_object_get(sim, "need_bytes")), ==,
+                      json_number_value(json_object_get(best, "peak_memory_bytes")));
+    g_assert_cmpstr(json_string_value(json_object_get(sim, "pp_schedule")), ==, "interleaved");
+    g_free(args);
+    args = g_strdup_printf("plan %s --global-batch 1536 --3d --top 1 --ds-config %s", common, ds);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "(its pipeline.schedule \"interleaved\" is zplan's key"));
+    tu_free(&r);
+    g_remove(ds);
+    g_free(ds), g_free(args);
+    json_decref(plan), json_decref(sim);
+}
+
 /* zreal --like-simulate runs the plan simulate wrote, with simulate's defaults (DeepSpeed's
  * semantics, the cluster's attention kernel), so validate compares the two as they are; the
  * same zreal run on its own defaults (the paper's semantics, eager) is refused as another
@@ -278,6 +311,7 @@ int main(int argc, char **argv)
     g_test_add_func("/consistency/maxmodel-agrees", test_maxmodel_agrees);
     g_test_add_func("/consistency/memory-states-fsdp", test_memory_states_fsdp);
     g_test_add_func("/consistency/plan-round-trip", test_plan_round_trip);
+    g_test_add_func("/consistency/plan-round-trip-pipeline", test_plan_round_trip_pipeline);
     g_test_add_func("/consistency/zreal-like-simulate", test_zreal_like_simulate);
     g_test_add_func("/consistency/zreal-like-simulate-precision",
                     test_zreal_like_simulate_precision);
