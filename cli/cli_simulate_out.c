@@ -166,6 +166,32 @@ static json_t *fold_json(const SimResult *r)
     return o;
 }
 
+/* The offload tiers and traffic the text's host-link and "offload:" lines print: the reported
+ * rank's host link, NVMe and CPU optimizer busy, the bytes they moved, and the host memory and
+ * NVMe a rank and a node hold. */
+static json_t *offload_json(const CliSimReport *p)
+{
+    const SimResult *r = p->r;
+    const ZpSchedule *s = p->sched;
+    double host = 0, nvme = 0;
+    for (int c = 0; c < ZP_MEM_N; c++)
+        host += s->host_bytes[c], nvme += s->nvme_bytes[c];
+    const int per_node = MIN(p->hw->gpus_per_node, s->world);
+    return json_pack("{s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                     "optimizer", zp_offload_device_name(p->plan->zero.offload_optimizer.device),
+                     "parameters", zp_offload_device_name(p->plan->zero.offload_param.device),
+                     "host_link_busy_s", r->stream_busy_s[ZP_STREAM_HOST],
+                     "d2h_bytes", r->offload_bytes[ZP_XFER_D2H],
+                     "h2d_bytes", r->offload_bytes[ZP_XFER_H2D],
+                     "nvme_busy_s", r->stream_busy_s[ZP_STREAM_NVME],
+                     "nvme_read_bytes", r->offload_bytes[ZP_XFER_NVME_READ],
+                     "nvme_written_bytes", r->offload_bytes[ZP_XFER_NVME_WRITE],
+                     "cpu_optimizer_busy_s", r->stream_busy_s[ZP_STREAM_CPU],
+                     "host_bytes_per_rank", host, "host_bytes_per_node", per_node * host,
+                     "checkpoint_host_bytes", s->host_bytes[ZP_MEM_CHECKPOINTS],
+                     "nvme_bytes_per_rank", nvme, "nvme_bytes_per_node", per_node * nvme);
+}
+
 /* Every field is the step's own also where the schedule was built short (cli_simulate.c
  * simulate_short), field by field: the SimResult's figures (step time, breakdown, FLOPs,
  * bytes by group and stage, peaks and categories, the op sums, the pipeline's stages and
@@ -203,6 +229,11 @@ int cli_simulate_print_json(const CliSimReport *p)
         "ranks_simulated", r->ranks_simulated, "report_rank", (int)r->first_rank[r->report_rank], "mode",
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
+    if (zp_offload_any(p->plan)) { /* the text's two rows more: the six add up to the step */
+        json_t *breakdown = json_object_get(root, "breakdown");
+        json_object_set_new(breakdown, "cpu_optimizer_s", json_real(r->cpu_optimizer_s));
+        json_object_set_new(breakdown, "offload_transfer_s", json_real(r->offload_transfer_s));
+    }
     json_object_set_new(root, "category_peak_bytes", zp_sched_categories_json(r->category_peak_bytes));
     json_object_set_new(root, "fold", fold_json(r));
     /* A schedule file's other communicators (a world group, node groups): their bytes too. */
@@ -229,6 +260,8 @@ int cli_simulate_print_json(const CliSimReport *p)
         json_object_set_new(root, "defaults_taken", taken);
     }
     json_object_set_new(root, "collective_model", json_string(r->collective_model));
+    if (zp_offload_any(p->plan) || p->sched->host_bytes[ZP_MEM_CHECKPOINTS] > 0)
+        json_object_set_new(root, "offload", offload_json(p));
     /* Whether zreal's CPU backend workspace is listed (zplan validate notes when not). */
     json_object_set_new(root, "backend_workspace", json_boolean(p->sched->plan.backend_workspace));
     json_object_set_new(root, "model_state_bytes",

@@ -629,6 +629,57 @@ static void test_plan_proposes_offload(void)
     tu_free(&r);
 }
 
+/* --json says what the text says of an offloaded step: the breakdown's "CPU optimizer" and
+ * "offload transfer" rows (without them its four keys added up to 1.112 s of gpt-13b's 1.639 s
+ * step at stage 2 with the optimizer on the CPU), and the host link, CPU Adam and host memory
+ * of the text's offload lines. */
+static void test_json_breakdown(void)
+{
+    static const char *const plans[] = {
+        "--model gpt-13b --cluster dgx-a100-80g --gpus 16 --stage 2 --micro-batch 2 "
+        "--offload-optimizer cpu",
+        "--model gpt-13b --cluster dgx-a100-80g --gpus 16 --stage 3 --micro-batch 1 "
+        "--offload-optimizer nvme --offload-param nvme",
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(plans); i++) {
+        char *args = g_strdup_printf("simulate %s --json", plans[i]);
+        json_t *j = tu_zplan_json(args);
+        json_t *b = json_object_get(j, "breakdown");
+        const double step = json_number_value(json_object_get(j, "step_time_s"));
+        double sum = 0;
+        const char *key;
+        json_t *value;
+        json_object_foreach(b, key, value)
+            sum += json_number_value(value);
+        g_test_message("%s: breakdown %.9f s of %.9f s", plans[i], sum, step);
+        g_assert_cmpfloat(fabs(sum - step), <=, 1e-9 * step);
+        g_assert_cmpfloat(json_number_value(json_object_get(b, "cpu_optimizer_s")), >, 0);
+        g_free(args);
+        args = g_strdup_printf("simulate %s", plans[i]);
+        TuRun r = tu_zplan(args);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        json_t *o = json_object_get(j, "offload");
+        char *cpu = g_strdup_printf("    CPU optimizer                %10.4f",
+                                    json_number_value(json_object_get(b, "cpu_optimizer_s")));
+        char *xfer = g_strdup_printf("    offload transfer             %10.4f",
+                                     json_number_value(json_object_get(b, "offload_transfer_s")));
+        char *link = g_strdup_printf("  host link %.4f s busy (%.3f GB down, %.3f GB up)",
+                                     json_number_value(json_object_get(o, "host_link_busy_s")),
+                                     json_number_value(json_object_get(o, "d2h_bytes")) / 1e9,
+                                     json_number_value(json_object_get(o, "h2d_bytes")) / 1e9);
+        char *host = g_strdup_printf("host memory %.3f GB per rank",
+                                     json_number_value(json_object_get(o, "host_bytes_per_rank")) /
+                                         1e9);
+        g_assert_nonnull(strstr(r.out, cpu));
+        g_assert_nonnull(strstr(r.out, xfer));
+        g_assert_nonnull(strstr(r.out, link));
+        g_assert_nonnull(strstr(r.out, host));
+        tu_free(&r);
+        g_free(cpu), g_free(xfer), g_free(link), g_free(host), g_free(args);
+        json_decref(j);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -643,5 +694,6 @@ int main(int argc, char **argv)
     g_test_add_func("/offload/partial_schedule", test_partial_schedule);
     g_test_add_func("/offload/dsconfig_round_trip", test_dsconfig_round_trip);
     g_test_add_func("/offload/plan_proposes_offload", test_plan_proposes_offload);
+    g_test_add_func("/offload/json-breakdown", test_json_breakdown);
     return g_test_run();
 }
