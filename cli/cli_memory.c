@@ -420,6 +420,11 @@ static void print_table(const MemoryArgs *a)
            a->model.name, pretty, zp_precision_name(a->precision),
            zp_optimizer_name(a->optimizer), sb.param_bytes, sb.grad_bytes, sb.optim_bytes,
            a->mp);
+    ZpPlan sharded;
+    plan_for(a, 3, a->mp, &sharded);
+    if (zp_impl_params_are_master(&sharded)) /* states(): no 16-bit copy where sharded */
+        printf("Stages 2-3 (%s): the fp32 shards are the master weights, 0 + %g + %g.\n\n",
+               zp_impl_name(a->impl), sb.grad_bytes, sb.optim_bytes);
     g_free(pretty);
     printf("  %7s %7s %10s %10s %10s %10s\n", "GPUs", "DP", "stage 0", "stage 1", "stage 2",
            "stage 3");

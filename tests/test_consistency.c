@@ -301,6 +301,13 @@ static void test_memory_states_fsdp(void)
         g_free(args);
     }
     json_decref(fsdp2), json_decref(fsdp);
+    /* and the text says why its stages 2-3 hold less than its header's bytes per parameter */
+    TuRun r = tu_zplan("memory --params 7B --gpus 16 --impl fsdp2");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.out, "Stages 2-3 (fsdp2): the fp32 shards are the master weights, "
+                                   "0 + 4 + 12.\n"));
+    g_assert_nonnull(strstr(r.out, "       16      16    126.000     47.250      7.000      7.000"));
+    tu_free(&r);
 }
 
 int main(int argc, char **argv)
