@@ -338,11 +338,10 @@ gboolean cli_report_plans_html(const char *path, const char *title, const char *
     return page_close(out, path, error);
 }
 
-double cli_report_dp_bytes(const SimResult *r)
+double cli_report_dp_bytes(const double *comm_bytes)
 {
-    return r->comm_bytes[ZP_GROUP_DP] + r->comm_bytes[ZP_GROUP_HPZ] +
-           r->comm_bytes[ZP_GROUP_NODE] + r->comm_bytes[ZP_GROUP_XNODE] +
-           r->comm_bytes[ZP_GROUP_EDP];
+    return comm_bytes[ZP_GROUP_DP] + comm_bytes[ZP_GROUP_HPZ] + comm_bytes[ZP_GROUP_NODE] +
+           comm_bytes[ZP_GROUP_XNODE] + comm_bytes[ZP_GROUP_EDP];
 }
 
 gboolean cli_report_html(const char *path, const char *title, const char *verdict,
@@ -368,7 +367,7 @@ gboolean cli_report_html(const char *path, const char *title, const char *verdic
      * and a mixture of experts' all-to-alls where it has them. */
     const char *const groups[] = {"data parallel", "tensor parallel", "pipeline",
                                   "expert all-to-all"};
-    const double bytes[] = {cli_report_dp_bytes(r), r->comm_bytes[ZP_GROUP_TP],
+    const double bytes[] = {cli_report_dp_bytes(r->comm_bytes), r->comm_bytes[ZP_GROUP_TP],
                             r->comm_bytes[ZP_GROUP_PP], r->comm_bytes[ZP_GROUP_EP]};
     const int n_groups = bytes[3] > 0 ? 4 : 3;
     bars_svg(out, "Bytes each rank sends, by group", groups, bytes, n_groups, "GB", GB);

@@ -104,6 +104,50 @@ static void test_maxmodel_agrees(void)
     json_decref(m);
 }
 
+/* A mixture of experts' data-parallel bytes are one figure everywhere: simulate's "dp" (the
+ * dense parameters' DP group and the experts' expert-data-parallel group), memory's
+ * comm_bytes_per_rank (Mixtral-8x7B's 9.48 GB of 39.08 at stage 1 on 64 H100s with EP 8: the
+ * DP group's alone) and a pipeline's stage table (its "dp" column left the expert group out,
+ * 2.26 of 6.49 GB on Mixtral's stage 0 at pp 2). */
+static void test_moe_bytes_agree(void)
+{
+    const char *common = "--model moe-tiny --cluster dgx-h100 --gpus 8 --micro-batch 2 --ep 2";
+    char *args = g_strdup_printf("memory %s --json", common);
+    json_t *memory = tu_zplan_json_fit_or_not(args);
+    json_t *comm = json_object_get(json_array_get(json_object_get(memory, "rows"), 0),
+                                   "comm_bytes_per_rank");
+    g_free(args);
+    for (int stage = 0; stage <= 3; stage++) {
+        args = g_strdup_printf("simulate %s --stage %d --json", common, stage);
+        json_t *sim = tu_zplan_json_fit_or_not(args);
+        json_t *bytes = json_object_get(sim, "comm_bytes_per_rank");
+        char key[8];
+        g_snprintf(key, sizeof key, "stage%d", stage);
+        const double dp = json_number_value(json_object_get(bytes, "dp"));
+        g_test_message("%s: memory %.0f, simulate dp %.0f (edp %.0f)", args,
+                       json_number_value(json_object_get(comm, key)), dp,
+                       json_number_value(json_object_get(bytes, "edp")));
+        g_assert_cmpfloat(json_number_value(json_object_get(bytes, "edp")), >, 0);
+        g_assert_cmpfloat(json_number_value(json_object_get(comm, key)), ==, dp);
+        json_decref(sim);
+        g_free(args);
+    }
+    json_decref(memory);
+    args = g_strdup_printf("simulate %s --stage 1 --grad-accum 4 --pp 2 --json", common);
+    json_t *sim = tu_zplan_json_fit_or_not(args);
+    json_t *stages = json_object_get(sim, "stages");
+    double most = 0;
+    for (size_t k = 0; k < json_array_size(stages); k++) {
+        json_t *stage_comm = json_object_get(json_array_get(stages, k), "comm_bytes");
+        most = MAX(most, json_number_value(json_object_get(stage_comm, "dp")));
+    }
+    g_assert_cmpfloat(most, ==,
+                      json_number_value(json_object_get(json_object_get(sim, "comm_bytes_per_rank"),
+                                                        "dp")));
+    json_decref(sim);
+    g_free(args);
+}
+
 /* plan's plan 1 read back by simulate from the DeepSpeed config plan writes: the same step
  * time and bytes, the defaults (bf16 from torch_dtype, flash attention, sequence 4096) the
  * same in both. */
@@ -317,6 +361,7 @@ int main(int argc, char **argv)
     g_test_add_func("/consistency/memory-grid", test_memory_grid);
     g_test_add_func("/consistency/maxmodel-agrees", test_maxmodel_agrees);
     g_test_add_func("/consistency/memory-states-fsdp", test_memory_states_fsdp);
+    g_test_add_func("/consistency/moe-bytes-agree", test_moe_bytes_agree);
     g_test_add_func("/consistency/plan-round-trip", test_plan_round_trip);
     g_test_add_func("/consistency/plan-round-trip-pipeline", test_plan_round_trip_pipeline);
     g_test_add_func("/consistency/zreal-like-simulate", test_zreal_like_simulate);
