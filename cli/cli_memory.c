@@ -163,6 +163,29 @@ static json_t *comm_json(const MemoryArgs *a, const ZpPlan *plan)
     return json_real(sent);
 }
 
+/* The text's offload table, per stage: the model states left on the GPU (the residual table's
+ * first row with offload, which the JSON's Table-1 model_states are not) and the host and NVMe
+ * tiers, as simulate --json's "offload" counts a rank's. */
+static json_t *offload_json(const MemoryArgs *a, int gpus)
+{
+    json_t *o = json_object();
+    for (int stage = 0; stage <= 3; stage++) {
+        ZpPlan plan;
+        plan_for(a, stage, gpus, &plan);
+        ZpTiers t;
+        zp_offload_tiers(&a->model, &plan, a->have_hw ? &a->hw : NULL, &t);
+        char key[8];
+        g_snprintf(key, sizeof key, "stage%d", stage);
+        json_object_set_new(o, key,
+                            json_pack("{s:f, s:f, s:f, s:f, s:f}", "gpu_model_states_bytes",
+                                      t.total_bytes[ZP_TIER_GPU], "host_bytes_per_gpu",
+                                      t.total_bytes[ZP_TIER_CPU], "pinned_bytes", t.pinned_bytes,
+                                      "host_bytes_per_node", t.cpu_node_bytes,
+                                      "nvme_bytes_per_node", t.nvme_node_bytes));
+    }
+    return o;
+}
+
 static int print_json(const MemoryArgs *a)
 {
     ZpPlan first;
@@ -200,6 +223,8 @@ static int print_json(const MemoryArgs *a)
         json_object_set_new(row, "model_states", detail);
         json_object_set_new(row, "residual", residual);
         json_object_set_new(row, "comm_bytes_per_rank", comm);
+        if (offloads(a))
+            json_object_set_new(row, "offload", offload_json(a, gpus));
         if (zp_moe_enabled(&a->model.moe)) { /* stage 1's: the section hardly depends on it */
             ZpPlan plan;
             plan_for(a, 1, gpus, &plan);

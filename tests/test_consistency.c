@@ -148,6 +148,39 @@ static void test_moe_bytes_agree(void)
     g_free(args);
 }
 
+/* With offload, memory --json says what its text's offload table says (it had Table 1's model
+ * states only), and its host memory per GPU is simulate's per rank, stage by stage. */
+static void test_offload_tiers_agree(void)
+{
+    const char *common = "--model gpt2-1.5b --cluster dgx-a100-80g --gpus 16 --micro-batch 2 "
+                         "--offload-optimizer cpu";
+    char *args = g_strdup_printf("memory %s --json", common);
+    json_t *memory = tu_zplan_json_fit_or_not(args);
+    json_t *offload =
+        json_object_get(json_array_get(json_object_get(memory, "rows"), 0), "offload");
+    g_assert_nonnull(offload);
+    g_free(args);
+    for (int stage = 1; stage <= 3; stage++) {
+        char key[8];
+        g_snprintf(key, sizeof key, "stage%d", stage);
+        json_t *tiers = json_object_get(offload, key);
+        args = g_strdup_printf("simulate %s --stage %d --json", common, stage);
+        json_t *sim = tu_zplan_json_fit_or_not(args);
+        json_t *host = json_object_get(sim, "offload");
+        g_test_message("%s: memory host %.0f, simulate %.0f", args,
+                       json_number_value(json_object_get(tiers, "host_bytes_per_gpu")),
+                       json_number_value(json_object_get(host, "host_bytes_per_rank")));
+        g_assert_cmpfloat(json_number_value(json_object_get(tiers, "host_bytes_per_gpu")), >, 0);
+        g_assert_cmpfloat(json_number_value(json_object_get(tiers, "host_bytes_per_gpu")), ==,
+                          json_number_value(json_object_get(host, "host_bytes_per_rank")));
+        g_assert_cmpfloat(json_number_value(json_object_get(tiers, "host_bytes_per_node")), ==,
+                          json_number_value(json_object_get(host, "host_bytes_per_node")));
+        json_decref(sim);
+        g_free(args);
+    }
+    json_decref(memory);
+}
+
 /* plan's plan 1 read back by simulate from the DeepSpeed config plan writes: the same step
  * time and bytes, the defaults (bf16 from torch_dtype, flash attention, sequence 4096) the
  * same in both. */
@@ -362,6 +395,7 @@ int main(int argc, char **argv)
     g_test_add_func("/consistency/maxmodel-agrees", test_maxmodel_agrees);
     g_test_add_func("/consistency/memory-states-fsdp", test_memory_states_fsdp);
     g_test_add_func("/consistency/moe-bytes-agree", test_moe_bytes_agree);
+    g_test_add_func("/consistency/offload-tiers-agree", test_offload_tiers_agree);
     g_test_add_func("/consistency/plan-round-trip", test_plan_round_trip);
     g_test_add_func("/consistency/plan-round-trip-pipeline", test_plan_round_trip_pipeline);
     g_test_add_func("/consistency/zreal-like-simulate", test_zreal_like_simulate);
