@@ -728,6 +728,17 @@ static gboolean add_collective_table(json_t *profile, const Samples *s, int *row
     return TRUE;
 }
 
+/* --name and --gpu become the profile's "name" and "gpu", which hold 1 to 63 bytes
+ * (ZpHw): refused here, by flag, not once the fit is done by the profile's key. */
+static gboolean check_label(const char *text, const char *flag, GError **error)
+{
+    if (!text || (*text && strlen(text) < sizeof ((ZpHw *)0)->name))
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: '%.40s%s' must be 1 to %zu characters",
+                flag, text, strlen(text) > 40 ? "..." : "", sizeof ((ZpHw *)0)->name - 1);
+    return FALSE;
+}
+
 int cli_calibrate(int argc, char **argv)
 {
     char *out = NULL, *name = NULL, *memory = NULL, *gpu = NULL, *ranks = NULL, *cluster = NULL;
@@ -775,7 +786,8 @@ int cli_calibrate(int argc, char **argv)
     double memory_bytes = 0, mem_c0, mem_c1, ew_c0, ew_c1;
     Fitted fitted = {0};
     CollFit fit;
-    gboolean ok = g_option_context_parse(context, &argc, &argv, &error);
+    gboolean ok = g_option_context_parse(context, &argc, &argv, &error) &&
+                  check_label(name, "--name", &error) && check_label(gpu, "--gpu", &error);
     if (ok && torch_traces) {
         if (argc > 1)
             g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "give either MICROBENCH.json files or "

@@ -44,6 +44,7 @@ static const BadCase cases[] = {
     {"zplan memory --model {T}/dir.json --gpus 4", NULL, "{T}/dir.json: no config.json in this directory"},
     {"zplan memory --model {T}/missing.json --gpus 4", NULL, "{T}/missing.json"},
     {"zplan memory --model ../models/tiny --gpus 4", NULL, "--model: unknown model"},
+    {"zplan memory --model '' --gpus 4", NULL, "zplan memory: --model: empty name"},
     {"zplan memory --model \xff\xfe.json --gpus 4", NULL, "--model: argument 3 is not valid UTF-8"},
     {"zplan memory --params nan --gpus 4", NULL, "--params: 'nan' is not a number"},
     {"zplan memory --params inf --gpus 4", NULL, "--params: 'inf' is not a number"},
@@ -189,6 +190,8 @@ static const BadCase cases[] = {
     {"zplan calibrate {C}/microbench/microbench-2.json --out {D}/p.json --memory-bytes 1", NULL, "--memory-bytes: '1' is outside"},
     {"zplan calibrate {C}/microbench/microbench-2.json --out {D}/p.json --ranks 3", NULL, "--ranks: no run has 3 ranks"},
     {"zplan calibrate {C}/microbench/microbench-2.json --out {D}/p.json --ranks 0", NULL, "--ranks"},
+    {"zplan calibrate {C}/microbench/microbench-2.json --out {D}/p.json --name ''", NULL, "zplan calibrate: --name: '' must be 1 to 63 characters"},
+    {"zplan calibrate --torch-trace {C}/torchtrace/block-step.json --cluster dgx-h100 --out {D}/p.json --gpu 0123456789012345678901234567890123456789012345678901234567890123", NULL, "zplan calibrate: --gpu: '0123456789012345678901234567890123456789...' must be 1 to 63 characters"},
     /* ---- zreal: flags, before MPI starts ---- */
     {"zreal", NULL, "give one of --model and --schedule"},
     {"zreal --model tiny --schedule {C}/schedule/tiny-stage0.json", NULL, "give one of --model and --schedule"},

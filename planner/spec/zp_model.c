@@ -8,6 +8,11 @@
 
 gboolean zp_model_load(const char *name_or_path, ZpModel *model, GError **error)
 {
+    if (!*name_or_path) { /* else models/ itself, a directory without a config.json */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--model: empty name (give a name in models/ or a PATH.json)");
+        return FALSE;
+    }
     /* A directory is a Hugging Face checkpoint's: its config.json is the model. */
     char *in_data = g_build_filename(zp_data_dir(), "models", name_or_path, NULL);
     const char *dir = g_file_test(name_or_path, G_FILE_TEST_IS_DIR) ? name_or_path
