@@ -41,9 +41,41 @@ static void suggest_flag(GOptionContext *context, GError **error)
     g_free(word);
 }
 
+/* GOption takes --switch=VALUE for a flag without a value and ignores VALUE, so that
+ * --checkpoint=false would turn checkpointing on: refuse it. The switches are the flags its
+ * help text lists without "=ARG" (GOptionContext does not list its entries). */
+static gboolean check_switches(GOptionContext *context, int argc, char **argv, GError **error)
+{
+    char *help = NULL;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        const char *equals = strchr(argv[i], '=');
+        if (!g_str_has_prefix(argv[i], "--") || !equals)
+            continue;
+        if (!help)
+            help = g_option_context_get_help(context, FALSE, NULL);
+        char *entry = g_strdup_printf("  %.*s ", (int)(equals - argv[i]), argv[i]);
+        const gboolean is_switch = strstr(help, entry) != NULL;
+        g_free(entry);
+        if (is_switch) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%.*s takes no value ('%s')",
+                        (int)(equals - argv[i]), argv[i], argv[i]);
+            g_free(help);
+            return FALSE;
+        }
+    }
+    g_free(help);
+    return TRUE;
+}
+
+gboolean cli_parse_options(GOptionContext *context, int *argc, char ***argv, GError **error)
+{
+    return check_switches(context, *argc, *argv, error) &&
+           g_option_context_parse(context, argc, argv, error);
+}
+
 gboolean cli_parse(GOptionContext *context, int *argc, char ***argv, GError **error)
 {
-    if (!g_option_context_parse(context, argc, argv, error)) {
+    if (!cli_parse_options(context, argc, argv, error)) {
         if (g_error_matches(*error, G_OPTION_ERROR, G_OPTION_ERROR_UNKNOWN_OPTION))
             suggest_flag(context, error);
         return FALSE;

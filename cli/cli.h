@@ -57,6 +57,9 @@ int cli_simulate_into(int argc, char **argv, const char *name, const char *summa
 /* Prints "zplan CMD: message" on stderr, frees error, returns the exit status (1). */
 int cli_fail(const char *command, GError *error);
 
+/* g_option_context_parse, but a flag without a value given one (--json=x) fails. */
+gboolean cli_parse_options(GOptionContext *context, int *argc, char ***argv, GError **error);
+
 /* Parses options; fails on a parse error or on a stray positional argument. */
 gboolean cli_parse(GOptionContext *context, int *argc, char ***argv, GError **error);
 

@@ -786,7 +786,7 @@ int cli_calibrate(int argc, char **argv)
     double memory_bytes = 0, mem_c0, mem_c1, ew_c0, ew_c1;
     Fitted fitted = {0};
     CollFit fit;
-    gboolean ok = g_option_context_parse(context, &argc, &argv, &error) &&
+    gboolean ok = cli_parse_options(context, &argc, &argv, &error) &&
                   check_label(name, "--name", &error) && check_label(gpu, "--gpu", &error);
     if (ok && torch_traces) {
         if (argc > 1)

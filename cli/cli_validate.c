@@ -553,7 +553,7 @@ int cli_validate(int argc, char **argv)
         "prediction of its plan instead, by kernel class (docs/calibrate.md).");
     GError *error = NULL;
     json_t *pred = NULL, *meas = NULL;
-    gboolean ok = g_option_context_parse(context, &argc, &argv, &error) &&
+    gboolean ok = cli_parse_options(context, &argc, &argv, &error) &&
                   parse_tolerance(tolerance_flag, &tolerance, &error);
     if (ok && argc != 3) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,

@@ -764,7 +764,7 @@ static gboolean parse_args(int *argc, char ***argv, Args *a, GError **error)
         "one process (no mpirun) measures one rank of an N-rank world.");
     double value;
     gboolean ok = zp_check_args_utf8(*argc, *argv, error) &&
-                  g_option_context_parse(context, argc, argv, error);
+                  cli_parse_options(context, argc, argv, error);
     if (ok && *argc > 1)
         ok = (g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "unexpected argument '%s'", (*argv)[1]), FALSE);
     if (ok && a->microbench && !a->out)

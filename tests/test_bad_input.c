@@ -45,6 +45,8 @@ static const BadCase cases[] = {
     {"zplan memory --model {T}/missing.json --gpus 4", NULL, "{T}/missing.json"},
     {"zplan memory --model ../models/tiny --gpus 4", NULL, "--model: unknown model"},
     {"zplan memory --model '' --gpus 4", NULL, "zplan memory: --model: empty name"},
+    /* GOption takes --switch=VALUE and ignores VALUE: --checkpoint=false would checkpoint */
+    {"zplan memory --model tiny --gpus 4 --checkpoint=false", NULL, "zplan memory: --checkpoint takes no value ('--checkpoint=false')"},
     {"zplan memory --model \xff\xfe.json --gpus 4", NULL, "--model: argument 3 is not valid UTF-8"},
     {"zplan memory --params nan --gpus 4", NULL, "--params: 'nan' is not a number"},
     {"zplan memory --params inf --gpus 4", NULL, "--params: 'inf' is not a number"},
@@ -168,6 +170,7 @@ static const BadCase cases[] = {
     {"zplan schedule --model tiny --gpus 3 --stage 1 --mp 2 --micro-batch 2 --out {D}/s.json", NULL, "--mp"},
     /* ---- validate ---- */
     {"zplan validate {C}/predicted/predicted-tiny.json", NULL, "give two files"},
+    {"zplan validate --json=no {C}/predicted/predicted-tiny.json {C}/measured/measured-tiny.json", NULL, "zplan validate: --json takes no value ('--json=no')"},
     {"zplan validate {C}/predicted/predicted-tiny.json {T}/meas-ranks-empty.json", NULL, "{T}/meas-ranks-empty.json: key \"ranks\" must be a non-empty array"},
     {"zplan validate {C}/predicted/predicted-tiny.json {T}/meas-ranks-garbage.json", NULL, "{T}/meas-ranks-garbage.json: ranks[0] must be an object"},
     {"zplan validate {C}/predicted/predicted-tiny.json {T}/meas-rank-99.json", NULL, "ranks[0]: key \"rank\" = 99 is outside"},
@@ -214,6 +217,7 @@ static const BadCase cases[] = {
     {"zreal --model tiny --emulate 4 --rank 4", NULL, "--rank: '4' is outside"},
     {"zreal --model tiny --emulate 0", NULL, "--emulate: '0' is outside"},
     {"zreal --microbench", NULL, "--microbench needs --out FILE"},
+    {"zreal --microbench=no --emulate 2 --out {D}/mb.json", NULL, "--microbench takes no value ('--microbench=no')"},
     {"zreal --model tiny --out {T}/missing/m.json", NULL, "--out: cannot write in directory '{T}/missing'"},
     {"zreal --model tiny --out {T}/dir.json", NULL, "--out: '{T}/dir.json' is not a file name"},
     {"zreal --model \xc3\x28", NULL, "--model: argument 2 is not valid UTF-8"},
