@@ -11,9 +11,52 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Where a long message is cut: its head and tail, on UTF-8 character starts. */
+#define CLI_LINE_MAX_BYTES 1000
+#define CLI_LINE_HEAD_BYTES 600
+#define CLI_LINE_TAIL_BYTES 300
+
+static size_t char_start(const char *text, size_t at)
+{
+    while (at > 0 && ((unsigned char)text[at] & 0xC0) == 0x80)
+        at--;
+    return at;
+}
+
+static void append_escaped(GString *out, const char *text, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        if (c == '\n')
+            g_string_append(out, "\\n");
+        else if (c < 0x20 || c == 0x7f)
+            g_string_append_printf(out, "\\x%02x", c);
+        else
+            g_string_append_c(out, (char)c);
+    }
+}
+
+char *cli_one_line(const char *message)
+{
+    const size_t len = strlen(message);
+    GString *out = g_string_sized_new(MIN(len, CLI_LINE_MAX_BYTES) + 64);
+    if (len <= CLI_LINE_MAX_BYTES) {
+        append_escaped(out, message, len);
+    } else {
+        const size_t head = char_start(message, CLI_LINE_HEAD_BYTES);
+        const size_t tail = char_start(message, len - CLI_LINE_TAIL_BYTES);
+        append_escaped(out, message, head);
+        g_string_append_printf(out, " [... %zu bytes ...] ", tail - head);
+        append_escaped(out, message + tail, len - tail);
+    }
+    return g_string_free(out, FALSE);
+}
+
 int cli_fail(const char *command, GError *error)
 {
-    fprintf(stderr, "zplan %s: %s\n", command, error ? error->message : "failed");
+    char *line = cli_one_line(error ? error->message : "failed");
+    fprintf(stderr, "zplan %s: %s\n", command, line);
+    g_free(line);
     g_clear_error(&error);
     return 1;
 }

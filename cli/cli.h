@@ -54,7 +54,13 @@ typedef int (*CliSimulatedFn)(const CliSimulated *s, void *ctx);
 int cli_simulate_into(int argc, char **argv, const char *name, const char *summary,
                       const GOptionEntry *extra, CliSimulatedFn fn, void *ctx);
 
-/* Prints "zplan CMD: message" on stderr, frees error, returns the exit status (1). */
+/* A message (newly allocated) as one line of at most about 1,000 bytes for stderr: control
+ * characters escaped (a newline in a flag's value or a JSON key), the middle of a longer one
+ * (a 100 MB string echoed back) elided. */
+char *cli_one_line(const char *message);
+
+/* Prints "zplan CMD: message" on stderr as one line (cli_one_line), frees error, returns the
+ * exit status (1). */
 int cli_fail(const char *command, GError *error);
 
 /* g_option_context_parse, but a flag without a value given one (--json=x) fails. */

@@ -187,6 +187,14 @@ static gboolean kernel_checked(const SimulateFlags *f)
     return strcmp(f->command, "schedule") != 0;
 }
 
+/* A warning of a config's, one line (a key may hold a newline or a megabyte). */
+static void print_warning(const char *warning)
+{
+    char *line = cli_one_line(warning);
+    fprintf(stderr, "zplan: warning: %s\n", line);
+    g_free(line);
+}
+
 /* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
  * and, for "auto" (as the Hugging Face Trainer fills it from its arguments), --micro-batch,
  * --grad-accum, --precision and the optimizer from the flags; --checkpoint turns
@@ -275,7 +283,7 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     /* What is not modeled is said only of a config that is taken: a refused one gets its
      * error line alone. */
     for (guint i = 0; ok && i < warnings->len; i++)
-        fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
+        print_warning(g_ptr_array_index(warnings, i));
     g_ptr_array_unref(warnings);
     return ok;
 }
@@ -342,7 +350,7 @@ static gboolean megatron_args_plan(const SimulateFlags *f, const ZpModel *model,
         ok = FALSE;
     }
     for (guint i = 0; ok && i < warnings->len; i++)
-        fprintf(stderr, "zplan: warning: %s\n", (char *)g_ptr_array_index(warnings, i));
+        print_warning(g_ptr_array_index(warnings, i));
     g_ptr_array_unref(warnings);
     return ok;
 }
@@ -610,8 +618,7 @@ static int simulate(const SimulateFlags *f)
     if (!host_tiers_fit(sched, &hw, &error)) { /* refused: the host or NVMe cannot hold it */
         sim_result_free(result);
         zp_sched_free(sched);
-        fprintf(stderr, "zplan %s: %s\n", f->command, error->message);
-        g_error_free(error);
+        cli_fail(f->command, error);
         return CLI_EXIT_DOES_NOT_FIT;
     }
     char *what = g_strdup_printf("zplan simulate: %d rank(s) of %u ops",

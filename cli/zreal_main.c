@@ -864,7 +864,9 @@ int main(int argc, char **argv)
              real_watch_test_stop(REAL_WATCH_INIT, &error);
     if (!ok) {
         const char *mpi_rank = g_getenv("OMPI_COMM_WORLD_RANK");
-        fprintf(stderr, "zreal rank %s: %s\n", mpi_rank ? mpi_rank : "0", error->message);
+        char *line = cli_one_line(error->message);
+        fprintf(stderr, "zreal rank %s: %s\n", mpi_rank ? mpi_rank : "0", line);
+        g_free(line);
         g_clear_error(&error);
         free_args(&a);
         return 1;
@@ -886,7 +888,9 @@ int main(int argc, char **argv)
         g_usleep(QUIET_RANK_WAIT_US);
     else if (!ok) {
         add_device_error(be, error);
-        fprintf(stderr, "zreal rank %d: %s\n", rank, error ? error->message : "failed");
+        char *line = cli_one_line(error ? error->message : "failed");
+        fprintf(stderr, "zreal rank %d: %s\n", rank, line);
+        g_free(line);
     }
     /* Everything is freed, except a device backend after a failure: its streams may be stuck
      * in the operation that failed, and tearing them down could block; exit releases them. */

@@ -41,6 +41,10 @@ static const BadCase cases[] = {
     {"zplan memory --model {IN} --gpus 4", "{\"name\": 7, \"layers\": 2, \"hidden\": 8, \"heads\": 2, \"seq_len\": 8, \"vocab\": 8}", "key \"name\" must be a string"},
     {"zplan memory --model {IN} --gpus 4", "null", "{IN}"},
     {"zplan memory --model {IN} --gpus 4", "{\"name\": \"x\"} trailing", "{IN}:1:"},
+    /* a newline in a key or a flag's value is escaped: the error stays one line */
+    {"zplan memory --model {IN} --gpus 4", "{\"name\": \"x\", \"layers\": 2, \"hidden\": 8, \"heads\": 2, \"seq_len\": 8, \"vocab\": 8, \"bo\\ngus\": 1}", "{IN}: unknown key \"bo\\ngus\""},
+    {"zplan memory --model tiny --gpus 4 --precision 'fp\n16'", NULL, "--precision: unknown value 'fp\\n16'"},
+    {"zreal --model tiny --impl 'x\ty'", NULL, "--impl: unknown value 'x\\x09y'"},
     {"zplan memory --model {T}/dir.json --gpus 4", NULL, "{T}/dir.json: no config.json in this directory"},
     {"zplan memory --model {T}/missing.json --gpus 4", NULL, "{T}/missing.json"},
     {"zplan memory --model ../models/tiny --gpus 4", NULL, "--model: unknown model"},
@@ -394,6 +398,7 @@ static void run_case(gconstpointer data)
     g_assert_cmpfloat(elapsed_s, <, 10);
     g_assert_nonnull(strstr(err, message));
     g_assert_true(one_line(err));
+    g_assert_cmpuint(strlen(err), <, 1200); /* a 100 MB value echoed back is cut */
     g_assert_cmpuint(count_entries(case_dir), ==, 0); /* nothing left behind */
     if (input)
         g_remove(input);
@@ -402,6 +407,18 @@ static void run_case(gconstpointer data)
     g_strfreev(argv);
     g_free(out), g_free(err), g_free(program), g_free(command), g_free(message);
     g_free(input), g_free(case_dir);
+}
+
+/* A huge string echoed back in an error (a 10 MB "format") is cut to its head and tail. */
+static void test_long_value(void)
+{
+    char *format = g_strnfill(10 << 20, 'a');
+    char *text = g_strdup_printf("{\"format\": \"%s\"}", format);
+    const BadCase c = {"zplan calibrate {IN} --out {D}/p.json", text,
+                       "aaaa\" is not zplan-microbench-1"}; /* run_case: under 1,200 bytes */
+    run_case(&c);
+    g_free(text);
+    g_free(format);
 }
 
 /* Output that cannot be written fails the command: stdout a full device or closed. */
@@ -460,6 +477,7 @@ int main(int argc, char **argv)
         g_test_add_data_func(name, &cases[i], run_case);
         g_free(name);
     }
+    g_test_add_func("/bad-input/long-value", test_long_value);
     g_test_add_func("/bad-input/failed-stdout", test_failed_stdout);
     const int status = g_test_run();
     remove_fixtures();
