@@ -280,6 +280,12 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     }
     if (ok && (f->checkpoint || f->recompute))
         ok = cli_recompute(f->recompute, f->checkpoint, plan, error);
+    /* A simulated step times a CPU optimizer by the profile's rate: a profile without one
+     * refuses the config's offload here, before its warnings, not after them (`schedule`
+     * simulates nothing). */
+    double cpu_s;
+    if (ok && hw && kernel_checked(f) && plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE)
+        ok = zp_offload_cpu_time_s(hw, 0, 1, &cpu_s, error);
     /* What is not modeled is said only of a config that is taken: a refused one gets its
      * error line alone. */
     for (guint i = 0; ok && i < warnings->len; i++)

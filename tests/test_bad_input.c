@@ -32,6 +32,8 @@ static const BadCase cases[] = {
     {"zplan simulate --model tiny --cluster h100-measured --gpus 2 --stage 2 --micro-batch 1 --offload-optimizer cpu", NULL, "h100-measured: optimizer offload needs \"cpu_adam_bytes_per_s_per_core\""},
     {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 2 --ds-config {IN}", "{\"train_batch_size\": 2, \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\", \"max_in_cpu\": -1}}}", "offload_param: key \"max_in_cpu\""},
     {"zplan maxmodel --gpu-memory 32e9 --gpus 1 --offload-param tape", NULL, "--offload-param: unknown value 'tape'"},
+    /* refused before the config's warning and defaults note: one line */
+    {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN}", "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\", \"pipeline_read\": false}}}", "zplan simulate: dgx-h100: optimizer offload needs \"cpu_adam_bytes_per_s_per_core\""},
     /* ---- memory ---- */
     {"zplan memory --model {IN} --gpus 4", "", "{IN}:1:0: malformed JSON"},
     {"zplan memory --model {IN} --gpus 4", "{\"name\": \"x\", \"layers\": 2, \"layers\": 3}", "{IN}:1:"},
