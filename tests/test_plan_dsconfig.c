@@ -218,6 +218,20 @@ static void test_dsconfig_warnings(void)
     g_ptr_array_unref(warnings);
 }
 
+/* Reads the config at path back over the launch (its degrees), which must take it without a
+ * warning; returns its batch. */
+static int64_t read_back(const char *path, const ZpModel *m, ZpPlan launch, ZpPlan *back)
+{
+    int64_t batch = 0;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    GError *error = NULL;
+    g_assert_true(zp_dsconfig_read(path, m, &launch, back, &batch, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpuint(warnings->len, ==, 0);
+    g_ptr_array_unref(warnings);
+    return batch;
+}
+
 /* Every plan the search can produce survives write -> read unchanged. */
 static void test_dsconfig_round_trip(void)
 {
@@ -232,18 +246,10 @@ static void test_dsconfig_round_trip(void)
     for (guint i = 0; i < plans->len; i += 7) {
         const ZpPlan *p = &g_array_index(plans, ZpCandidate, i).plan;
         g_assert_true(zp_dsconfig_write(p, path, NULL));
-        const ZpPlan launch = launch_plan(p->dp, p->mp);
         ZpPlan back;
-        int64_t batch;
-        GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
-        GError *error = NULL;
-        g_assert_true(zp_dsconfig_read(path, &m, &launch, &back, &batch, warnings, &error));
-        g_assert_no_error(error);
-        g_assert_cmpuint(warnings->len, ==, 0);
-        g_assert_cmpint(batch, ==, 256);
+        g_assert_cmpint(read_back(path, &m, launch_plan(p->dp, p->mp), &back), ==, 256);
         back.gpus_per_node = hw.gpus_per_node; /* the cluster's, not ds_config's (simulate) */
         g_assert_cmpint(memcmp(p, &back, sizeof back), ==, 0);
-        g_ptr_array_unref(warnings);
     }
     g_remove(path);
     g_free(path);
@@ -277,20 +283,13 @@ static void test_dsconfig_pipeline_round_trip(void)
         g_assert_true(g_file_get_contents(path, &text, NULL, NULL));
         g_assert_true((strstr(text, "\"schedule\"") != NULL) == (i > 0));
         g_free(text);
-        const ZpPlan launch = launch_plan(32, 2);
         ZpPlan back;
-        int64_t batch;
-        GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
-        GError *error = NULL;
-        g_assert_true(zp_dsconfig_read(path, &m, &launch, &back, &batch, warnings, &error));
-        g_assert_no_error(error);
-        g_assert_cmpuint(warnings->len, ==, 0);
+        read_back(path, &m, launch_plan(32, 2), &back);
         back.gpus_per_node = p.gpus_per_node;
         g_assert_cmpint(back.pipe.stages, ==, 4);
         g_assert_cmpint(back.dp, ==, 8);
         g_assert_cmpint(back.pipe.schedule, ==, pipes[i].schedule);
         g_assert_cmpint(zp_plan_vstages(&back), ==, pipes[i].virtual_stages);
-        g_ptr_array_unref(warnings);
     }
     static const char *const bad[] = {
         "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 16, "
