@@ -52,6 +52,12 @@ char *cli_one_line(const char *message)
     return g_string_free(out, FALSE);
 }
 
+double cli_dp_bytes(const double *comm_bytes)
+{
+    return comm_bytes[ZP_GROUP_DP] + comm_bytes[ZP_GROUP_HPZ] + comm_bytes[ZP_GROUP_NODE] +
+           comm_bytes[ZP_GROUP_XNODE] + comm_bytes[ZP_GROUP_EDP];
+}
+
 int cli_fail(const char *command, GError *error)
 {
     char *line = cli_one_line(error ? error->message : "failed");

@@ -54,6 +54,14 @@ typedef int (*CliSimulatedFn)(const CliSimulated *s, void *ctx);
 int cli_simulate_into(int argc, char **argv, const char *name, const char *summary,
                       const GOptionEntry *extra, CliSimulatedFn fn, void *ctx);
 
+/* Data-parallel bytes a rank sends, of its bytes by group (ZP_GROUP_N of them: SimResult's
+ * comm_bytes, a pipeline stage's stage_comm_bytes row, or a schedule's by zp_sched_comm_bytes):
+ * the DP group's and those of ZeRO++'s and expert parallelism's subgroups of it (the
+ * expert-data-parallel group's reductions and gathers; the EP group's all-to-alls are a
+ * mixture of experts' own, apart). simulate's text, JSON, stage table and page, and memory's
+ * comm_bytes_per_rank, all say this figure. */
+double cli_dp_bytes(const double *comm_bytes);
+
 /* A message (newly allocated) as one line of at most about 1,000 bytes for stderr: control
  * characters escaped (a newline in a flag's value or a JSON key), the middle of a longer one
  * (a 100 MB string echoed back) elided. */

@@ -154,13 +154,11 @@ static json_t *comm_json(const MemoryArgs *a, const ZpPlan *plan)
     ZpSchedule *s = zp_sched_build(&a->model, plan, NULL);
     if (!s)
         return json_null();
-    static const ZpGroup dp_groups[] = {ZP_GROUP_DP, ZP_GROUP_HPZ, ZP_GROUP_NODE,
-                                        ZP_GROUP_XNODE, ZP_GROUP_EDP};
-    double sent = 0;
-    for (size_t g = 0; g < G_N_ELEMENTS(dp_groups); g++)
-        sent += zp_sched_comm_bytes(s, dp_groups[g]);
+    double bytes[ZP_GROUP_N];
+    for (int g = 0; g < ZP_GROUP_N; g++)
+        bytes[g] = zp_sched_comm_bytes(s, (ZpGroup)g);
     zp_sched_free(s);
-    return json_real(sent);
+    return json_real(cli_dp_bytes(bytes));
 }
 
 /* The text's offload table, per stage: the model states left on the GPU (the residual table's

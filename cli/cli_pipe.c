@@ -2,7 +2,6 @@
  * and of where Megatron's rank order puts each group. */
 #include "cli_pipe.h"
 #include "cli.h"
-#include "cli_report.h"
 #include "zp_pipe.h"
 #include "zp_util.h"
 
@@ -89,7 +88,7 @@ void cli_pipe_print_stages(const SimResult *r)
         printf("    %3d          %9.3f GB %9.4f s %9.4f s %5.1f%%           %.3f / %.3f / %.3f GB\n",
                k, r->stage_peak_bytes[k] / GB, r->stage_compute_s[k], r->stage_bubble_s[k],
                r->flush_s > 0 ? 100 * r->stage_bubble_s[k] / r->flush_s : 0.0,
-               cli_report_dp_bytes(bytes) / GB, bytes[ZP_GROUP_TP] / GB,
+               cli_dp_bytes(bytes) / GB, bytes[ZP_GROUP_TP] / GB,
                bytes[ZP_GROUP_PP] / GB);
     }
 }
@@ -106,7 +105,7 @@ static json_t *stage_json(const SimResult *r, int k)
     const double figures[G_N_ELEMENTS(keys)] = {
         r->stage_peak_bytes[k], r->stage_compute_s[k], r->stage_bubble_s[k],
         r->flush_s > 0 ? r->stage_bubble_s[k] / r->flush_s : 0.0,
-        cli_report_dp_bytes(bytes), bytes[ZP_GROUP_TP], bytes[ZP_GROUP_PP]};
+        cli_dp_bytes(bytes), bytes[ZP_GROUP_TP], bytes[ZP_GROUP_PP]};
     json_t *reals[G_N_ELEMENTS(keys)];
     gboolean finite = TRUE;
     for (size_t i = 0; i < G_N_ELEMENTS(keys); i++)

@@ -3,6 +3,7 @@
  * stacked by category under the GPU's line, its streams as a Gantt chart, time by op class and
  * bytes by group, each an inline SVG (no script, no network). */
 #include "cli_report.h"
+#include "cli.h"
 
 #include "zp_outpath.h"
 #include "zp_util.h"
@@ -338,12 +339,6 @@ gboolean cli_report_plans_html(const char *path, const char *title, const char *
     return page_close(out, path, error);
 }
 
-double cli_report_dp_bytes(const double *comm_bytes)
-{
-    return comm_bytes[ZP_GROUP_DP] + comm_bytes[ZP_GROUP_HPZ] + comm_bytes[ZP_GROUP_NODE] +
-           comm_bytes[ZP_GROUP_XNODE] + comm_bytes[ZP_GROUP_EDP];
-}
-
 gboolean cli_report_html(const char *path, const char *title, const char *verdict,
                          const ZpSchedule *s, const SimResult *r, const ZpHw *hw, GError **error)
 {
@@ -367,7 +362,7 @@ gboolean cli_report_html(const char *path, const char *title, const char *verdic
      * and a mixture of experts' all-to-alls where it has them. */
     const char *const groups[] = {"data parallel", "tensor parallel", "pipeline",
                                   "expert all-to-all"};
-    const double bytes[] = {cli_report_dp_bytes(r->comm_bytes), r->comm_bytes[ZP_GROUP_TP],
+    const double bytes[] = {cli_dp_bytes(r->comm_bytes), r->comm_bytes[ZP_GROUP_TP],
                             r->comm_bytes[ZP_GROUP_PP], r->comm_bytes[ZP_GROUP_EP]};
     const int n_groups = bytes[3] > 0 ? 4 : 3;
     bars_svg(out, "Bytes each rank sends, by group", groups, bytes, n_groups, "GB", GB);

@@ -15,13 +15,6 @@
 gboolean cli_report_html(const char *path, const char *title, const char *verdict,
                          const ZpSchedule *s, const SimResult *r, const ZpHw *hw, GError **error);
 
-/* Data-parallel bytes a rank sends, of its bytes by group (SimResult's comm_bytes, or a
- * pipeline stage's stage_comm_bytes row): the DP group's and those of ZeRO++'s and expert
- * parallelism's subgroups of it (the expert-data-parallel group's reductions and gathers; the
- * EP group's all-to-alls are a mixture of experts' own, apart). simulate's text, JSON, stage
- * table and page all say this figure. */
-double cli_report_dp_bytes(const double *comm_bytes);
-
 /* One plan of `plan --html`'s page: its description and simulated figures. */
 typedef struct {
     const char *what;     /* "stage 3, mp 1 x dp 16, micro 2 x accum 1, ..." */

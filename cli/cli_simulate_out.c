@@ -218,7 +218,7 @@ int cli_simulate_print_json(const CliSimReport *p)
         "samples_per_s", samples_per_s(p), "tflops_per_gpu", flops_per_gpu(p) / 1e12, "mfu",
         flops_per_gpu(p) / p->peak_flops, "model_flops_per_gpu", r->model_flops,
         "recompute_flops_per_gpu", r->recompute_flops, "comm_bytes_per_rank", "dp",
-        cli_report_dp_bytes(r->comm_bytes), "tp", r->comm_bytes[ZP_GROUP_TP], "pp",
+        cli_dp_bytes(r->comm_bytes), "tp", r->comm_bytes[ZP_GROUP_TP], "pp",
         r->comm_bytes[ZP_GROUP_PP], "peak_memory_bytes",
         r->peak_memory_bytes, "peak_breakdown", zp_sched_categories_json(r->peak_breakdown_bytes),
         "peak_model_state_bytes", r->peak_model_state_bytes, "fits_in_gpu_memory",
@@ -524,7 +524,7 @@ void cli_simulate_print_human(const CliSimReport *p)
     print_breakdown(p);
     printf("\n  bytes sent per rank            %10.3f GB data-parallel, %.3f GB tensor-parallel, "
            "%.3f GB pipeline",
-           cli_report_dp_bytes(r->comm_bytes) / GB, r->comm_bytes[ZP_GROUP_TP] / GB, r->comm_bytes[ZP_GROUP_PP] / GB);
+           cli_dp_bytes(r->comm_bytes) / GB, r->comm_bytes[ZP_GROUP_TP] / GB, r->comm_bytes[ZP_GROUP_PP] / GB);
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(p->sched, groups);
     for (int g = ZP_GROUP_N; g < n_groups; g++)
