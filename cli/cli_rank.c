@@ -5,6 +5,7 @@
 #include "sim_engine.h"
 #include "zp_alloc_ops.h"
 #include "zp_alloc_replay.h"
+#include "zp_pipe.h"
 #include "zp_schedsize.h"
 
 #include <string.h>
@@ -103,6 +104,24 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * that extends saves k / m: built 10 long to save 2 of 12,
  * plan's search of gpt3-175b on 256 GPUs took 0.185 s against main's 0.180 s, with the half
  * 0.173 s (least of 7, load 1.9). */
+static int64_t gcd(int64_t a, int64_t b)
+{
+    while (b != 0) {
+        const int64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* k for m micro-steps of which `keep` are built, in whole units; 0 where that is too few to
+ * gain (below) */
+static int short_by(int m, int keep, int unit, gboolean interleaved)
+{
+    const int k = m > keep ? (m - keep) / unit * unit : 0;
+    return k >= (interleaved ? 2 * unit : MAX(unit, keep / 2)) ? k : 0;
+}
+
 int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 {
     const int pp = zp_plan_pp(plan), m = plan->grad_accum;
@@ -111,16 +130,23 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
     const gboolean interleaved = pp > 1 && plan->pipe.schedule == ZP_PIPE_INTERLEAVED;
     const gboolean round_trip = pp > 2 && plan->pipe.schedule == ZP_PIPE_1F1B &&
                                 hw->gpus_per_node > 0 && plan->mp > hw->gpus_per_node;
-    const int unit = interleaved || round_trip ? pp : 2;
     /* Megatron's uniform split (zp_pipe_partition): every stage the same blocks */
     const gboolean even = plan->pipe.partition == ZP_PARTITION_UNIFORM && pp > 0 &&
                           model->layers % (uint64_t)pp == 0;
+    const int heavy = zp_pipe_heavy_stages(model, plan);
     const int keep = interleaved  ? 5 * pp
                      : round_trip ? 5 * pp
-                     : pp > 1     ? (even ? pp : 2 * pp) + 8
+                     : pp > 1     ? (even ? pp : 2 * pp + (heavy > 2 ? 2 * heavy : 0)) + 8
                                   : 8;
-    const int k = m > keep ? (m - keep) / unit * unit : 0;
-    return k >= (interleaved ? 2 * unit : MAX(unit, keep / 2)) ? k : 0;
+    const int base = interleaved || round_trip ? pp : 2;
+    if (heavy <= 2)
+        return short_by(m, keep, base, interleaved);
+    /* Uneven stages repeat every `heavy` micro-steps: k whole periods of that too (and of 2,
+     * the shift of two micro-steps), and of the round trip's where that leaves some. */
+    const int64_t period = heavy % 2 ? 2 * (int64_t)heavy : heavy;
+    const int64_t both = base / gcd(base, period) * period;
+    const int k = both < m ? short_by(m, keep, (int)both, FALSE) : 0;
+    return k > 0 ? k : short_by(m, keep, (int)period, FALSE);
 }
 
 /* The most micro-steps x units (layers + 2) the short path takes: its time grows with the

@@ -136,6 +136,7 @@
 #include "sim_fold.h"
 #include "sim_clock.h"
 #include "sim_fold_jump.h"
+#include "zp_pipe.h"
 
 #include <string.h>
 
@@ -526,7 +527,9 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     uint64_t *key = g_new(uint64_t, 1);
     *key = snap_key(micro, w);
     g_hash_table_replace(f->snaps, key, c);
-    const uint32_t dmax = f->shifts[f->n_shifts - 1];
+    uint32_t dmax = 0; /* the longest shift, which the snapshots kept must reach back */
+    for (uint32_t j = 0; j < f->n_shifts; j++)
+        dmax = MAX(dmax, f->shifts[j]);
     const uint64_t old = snap_key(micro - MIN(micro, 2 * dmax + 1), w);
     if (micro >= 2 * dmax + 1)
         g_hash_table_remove(f->snaps, &old);
@@ -656,6 +659,12 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     f->shifts[f->n_shifts++] = 2;
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_1F1B && f->stages > 2)
         f->shifts[f->n_shifts++] = f->stages; /* a round trip (MAX_SHIFTS) */
+    /* Uneven stages repeat every heavy stage's worth of micro-steps (zp_pipe_heavy_stages):
+     * mt-nlg-530b over 16 stages, 9 of 7 blocks and 7 of 6, stepped every event of 1,536
+     * micro-steps ("no steady state repeated exactly"); with the shift of 9 it jumps 1,485. */
+    const uint32_t heavy = (uint32_t)zp_pipe_heavy_stages(&sim->sched->model, &sim->sched->plan);
+    if (heavy > 2 && heavy < f->stages)
+        f->shifts[f->n_shifts++] = heavy;
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_INTERLEAVED && f->stages > 1) {
         g_assert(f->n_shifts == GROUP_SHIFTS);
         f->shifts[f->n_shifts++] = f->stages;

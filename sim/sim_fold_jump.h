@@ -17,7 +17,8 @@
  * nodes, the fill leaves a disturbance that comes back every round trip and never washes out
  * (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32: stage 0's period is 0.0902409 s but 0.0926946
  * then 0.0853067 s at micro-steps 64, 96, .., 480), so no state repeats a micro-step on, while
- * every one repeats pp on. */
+ * every one repeats pp on. And 1F1B over uneven stages tries the number of stages that hold a
+ * block more (zp_pipe_heavy_stages), which its steady state repeats by: the fourth. */
 #define MAX_SHIFTS 4
 
 /* A recorded period's log (sums added to, timeline cells written). */

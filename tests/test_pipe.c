@@ -202,6 +202,36 @@ static void test_partition(void)
     g_clear_error(&error);
 }
 
+/* The stages holding a block more than the rest (the fold's shift for uneven 1F1B: sim_fold.c):
+ * the first L mod P under the uniform split, none where P divides L, where parameters are
+ * balanced or the schedule is not 1F1B. */
+static void test_heavy_stages(void)
+{
+    static const struct {
+        int layers, pp;
+        ZpPipeSchedule schedule;
+        ZpPartition partition;
+        int heavy;
+    } cases[] = {
+        {105, 16, ZP_PIPE_1F1B, ZP_PARTITION_UNIFORM, 9},
+        {105, 64, ZP_PIPE_1F1B, ZP_PARTITION_UNIFORM, 41},
+        {96, 20, ZP_PIPE_1F1B, ZP_PARTITION_UNIFORM, 16},
+        {96, 32, ZP_PIPE_1F1B, ZP_PARTITION_UNIFORM, 0},
+        {10, 1, ZP_PIPE_1F1B, ZP_PARTITION_UNIFORM, 0},
+        {105, 16, ZP_PIPE_1F1B, ZP_PARTITION_PARAMETERS, 0},
+        {105, 16, ZP_PIPE_GPIPE, ZP_PARTITION_UNIFORM, 0},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(cases); k++) {
+        const ZpModel m = pipe_model(cases[k].layers);
+        ZpPlan p;
+        zp_plan_defaults(&p, 0, 1, 1);
+        p.pipe.stages = cases[k].pp;
+        p.pipe.schedule = cases[k].schedule;
+        p.pipe.partition = cases[k].partition;
+        g_assert_cmpint(zp_pipe_heavy_stages(&m, &p), ==, cases[k].heavy);
+    }
+}
+
 /* Every action of every stage once; 1F1B's first stage warms up with P-1 forwards. */
 static void test_actions(void)
 {
@@ -778,6 +808,7 @@ int main(int argc, char **argv)
     g_test_add_func("/pipe/stage-checkpoints", test_stage_checkpoints);
     g_test_add_func("/pipe/explicit-equals-folded", test_explicit_equals_folded);
     g_test_add_func("/pipe/partition", test_partition);
+    g_test_add_func("/pipe/heavy-stages", test_heavy_stages);
     g_test_add_func("/pipe/actions", test_actions);
     g_test_add_func("/pipe/zero23-refused", test_zero23_refused);
     g_test_add_func("/pipe/zero1-per-stage", test_zero1_per_stage);

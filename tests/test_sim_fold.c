@@ -96,6 +96,10 @@ static const FoldCase cases[] = {
      TRUE},
     {"interleaved pp 16 v 2 x 512", 64, 32000, 0, 1, 1, 16, 2, 512, ZP_PIPE_INTERLEAVED, FALSE,
      TRUE},
+    {"1f1b pp 16, 105 blocks (9 stages of 7, 7 of 6)", 105, 1024, 0, 1, 16, 16, 1, 256,
+     ZP_PIPE_1F1B, FALSE, TRUE},
+    {"1f1b pp 8, 61 blocks (5 stages of 8, 3 of 7), tp 2", 61, 1024, 1, 1, 16, 8, 1, 128,
+     ZP_PIPE_1F1B, TRUE, TRUE},
     {"gpipe pp 4", 65, 1024, 0, 1, 1, 4, 1, 64, ZP_PIPE_GPIPE, FALSE, TRUE},
     {"gpipe pp 8", 64, 32000, 0, 1, 1, 8, 1, 64, ZP_PIPE_GPIPE, FALSE, TRUE},
     {"gpipe pp 8, checkpoints, tp 2", 64, 32000, 1, 2, 2, 8, 1, 96, ZP_PIPE_GPIPE, TRUE, TRUE},
@@ -106,7 +110,9 @@ static const FoldCase cases[] = {
 
 /* Folded and stepped event by event, each case gives the same result; those whose steady
  * state repeats (1F1B, interleaved, GPipe pp 4 with its slowest stage first, accumulation)
- * do jump. An interleaved period is a group of pp micro-steps, or one micro-step up to its
+ * do jump. 1F1B over uneven stages with tensor parallelism across nodes repeats only every
+ * heavy stage's worth of micro-steps (9 and 5 here: zp_pipe_heavy_stages), a shift the fold
+ * tries since; both stepped every event before. An interleaved period is a group of pp micro-steps, or one micro-step up to its
  * group's end: interleaved pp 8 over 128 micro-steps stepped every event while each crossing
  * of a power of two left rounding to wash out; on the clock's grid (issue 40) none is left,
  * and it folds. GPipe
@@ -565,7 +571,7 @@ static void test_fold_json_schedules(void)
  * missing steady periods counted as virtual ones, as the search evaluates a plan: 1F1B pp 4, 8
  * and 16 over many micro-batches, plain accumulation (stage 2, stage 3 checkpointed, stage 3
  * mostly exposed communication), interleaved (many groups, and 9 groups of 10 built 5 long),
- * a round trip's shift (tp 16 across nodes) and
+ * a round trip's shift (tp 16 across nodes), uneven stages' shift and
  * Megatron's 1T row (the development set's narayanan21-t1-1008b, whose megatron-1008b.json is
  * gpt-1t's shape) count their virtual micro-steps (cli_rank_short_by's: the micro-batches past
  * those kept, in whole periods); --explicit, a slowed rank and GPipe run the full schedule (0
@@ -576,7 +582,9 @@ static const struct {
 } short_plans[] = {
     {"--model gpt-13b --gpus 16 --stage 1 --pp 4 --grad-accum 64", 50, 52},
     {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128", 110, 112},
-    {"--model gpt-13b --gpus 64 --stage 1 --pp 16 --grad-accum 128 --checkpoint", 100, 88},
+    /* 40 blocks over 16 stages (8 of 3): 2 x 8 more kept for uneven stages' shift, which
+     * this plan does not need (88 virtual before, 72 since) */
+    {"--model gpt-13b --gpus 64 --stage 1 --pp 16 --grad-accum 128 --checkpoint", 100, 72},
     {"--model gpt-13b --gpus 16 --stage 2 --grad-accum 64", 50, 56},
     {"--model gpt-13b --gpus 16 --stage 3 --grad-accum 64 --checkpoint", 50, 56},
     /* mostly exposed communication: the text's line on why reads the schedule's units */
@@ -616,6 +624,16 @@ static const struct {
      "--attention flash2", 44, 44},
     {"--model gpt-1t --gpus 3072 --mp 8 --pp 64 --stage 0 --grad-accum 512 --checkpoint "
      "--precision fp16 --attention eager", 440, 440},
+    /* Uneven stages (zp_pipe_heavy_stages): mt-nlg-530b's 105 blocks over 16 stages (9 of 7,
+     * 7 of 6) repeat every 9 micro-steps, tp 8 in a node and tp 16 across nodes (k whole
+     * periods of 18 and of 144, the round trip's too); gpt3-175b's 96 over 20 (16 of 5)
+     * every 16. Each stepped every event before (sim_fold.c tried 1, 2 and pp only). */
+    {"--model mt-nlg-530b --gpus 128 --mp 8 --pp 16 --stage 0 --grad-accum 256 --checkpoint",
+     190, 198},
+    {"--model mt-nlg-530b --gpus 256 --mp 16 --pp 16 --stage 0 --grad-accum 256 --checkpoint",
+     200, 144},
+    {"--model gpt3-175b --gpus 160 --mp 8 --pp 20 --stage 1 --grad-accum 256 --checkpoint", 170,
+     176},
     {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --explicit", 0, 0},
     {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --slow-rank 3:1.5", 0, 0},
     {"--model gpt-13b --gpus 64 --stage 0 --pp 8 --pp-schedule gpipe --grad-accum 64 "

@@ -75,6 +75,15 @@ gboolean zp_pipe_partition(const ZpModel *model, int chunks, ZpPartition method,
     return TRUE;
 }
 
+int zp_pipe_heavy_stages(const ZpModel *model, const ZpPlan *plan)
+{
+    const int pp = zp_plan_pp(plan);
+    if (pp < 2 || plan->pipe.schedule != ZP_PIPE_1F1B ||
+        plan->pipe.partition != ZP_PARTITION_UNIFORM || model->layers < (int64_t)pp)
+        return 0;
+    return (int)(model->layers % pp);
+}
+
 /* ---- schedules ------------------------------------------------------------------------- */
 
 /* The actions being listed: the 2 m V of them are made room for at once and written through

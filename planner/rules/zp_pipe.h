@@ -27,6 +27,15 @@ typedef struct {
 gboolean zp_pipe_partition(const ZpModel *model, int chunks, ZpPartition method, int *first_unit,
                            GError **error);
 
+/* How many stages of a 1F1B pipeline hold one block more than the rest: Megatron's uniform
+ * split of L blocks over P stages gives the first L mod P one more. With tensor parallelism of
+ * 8 or more, such a pipeline's steady state was measured to repeat only every that many
+ * micro-steps, not every one (mt-nlg-530b's 105 blocks over 16 and over 32 stages every 9,
+ * over 64 every 41; gpt3-175b's 96 over 20 every 16): the shift sim_fold.c tries for it.
+ * 0 where the stages hold equal blocks, the split balances parameters, or the schedule is
+ * not 1F1B. */
+int zp_pipe_heavy_stages(const ZpModel *model, const ZpPlan *plan);
+
 /* The actions of `stage` in the order it issues them, for P stages, V chunks per stage and
  * m micro-batches (GArray of ZpPipeAction):
  *   gpipe        every forward, then every backward;
