@@ -83,11 +83,16 @@ typedef struct SimOptions {
      * then the short schedule's, and the caller must run the long one. */
     uint32_t extend_micro_steps;
     /* With extend_micro_steps: stop (stopped, extended_micro_steps < extend_micro_steps) at
-     * the first jump that cannot count all of them (a stop time or the clock's grid ends it
-     * first; its later jumps would need steady ops the short schedule lacks), once the first
-     * stage's last micro-step begins with none counted, and before the first event where the
-     * fold is refused for the plan (step_time_s 0): what a caller that then runs the long
-     * schedule wants, not the short run's rest. */
+     * the first jump that cannot count all of them (the clock's grid ends it first; its later
+     * jumps would need steady ops the short schedule lacks), once the first stage's last
+     * micro-step begins with some not counted, and before the first event where the fold is
+     * refused for the plan (step_time_s 0): what a caller that then runs the long schedule
+     * wants, not the short run's rest. Where only stop_after_s keeps a jump from counting
+     * them all, the run goes on to the stop time instead: stopped there on steady periods
+     * alone (sim_fold_stopped_exact), it stopped as the long schedule's run does, at the same
+     * step_time_s, and says so with extended_micro_steps = extend_micro_steps (the search's
+     * early stop needs no long schedule: plan --3d mt-nlg-530b/1024, 13.5e9 -> 7.2e9
+     * instructions); otherwise as above. */
     gboolean extend_or_stop;
 } SimOptions;
 
@@ -164,7 +169,8 @@ typedef struct SimResult {
     uint32_t fold_micro_steps, fold_jumps;
     char fold_note[192];
     /* SimOptions.extend_micro_steps counted as virtual periods: the result stands for the
-     * longer schedule only where this equals it. */
+     * longer schedule only where this equals it (a stopped one, for the longer schedule's
+     * run stopped at the same stop_after_s: SimOptions.extend_or_stop). */
     uint32_t extended_micro_steps;
     /* Where: the periods the longer schedule has and this one lacks, sorted by op (what its
      * allocator replay needs, zp_alloc_replay_schedule_extended); NULL where none. */

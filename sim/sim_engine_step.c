@@ -152,6 +152,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     g_free(slow.rank);
     g_free(slow.node);
     SimFoldReport fold_refused = {0};
+    gboolean stopped_exact = FALSE;
     if (ok) {
         sim.fold = sim_fold_new(&sim, options->no_fold, &fold_refused);
         /* The fold refused for the plan (a rank class, ranks in blocks):
@@ -175,6 +176,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
         } else if (sim.stopped_s > 0) {
             result->stopped = TRUE;
             result->step_time_s = sim.stopped_s;
+            stopped_exact = options->extend_or_stop && sim_fold_stopped_exact(sim.fold, &sim);
         } else {
             ok = sim_breakdown_check_end(&sim, error);
         }
@@ -211,7 +213,9 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     result->fold_micro_steps = fold.micro_steps;
     result->fold_jumps = fold.jumps;
     g_strlcpy(result->fold_note, fold.note, sizeof result->fold_note);
-    result->extended_micro_steps = fold.virtual_micro_steps;
+    /* Stopped where the long schedule's run stops: its step time is that run's. */
+    result->extended_micro_steps =
+        stopped_exact ? options->extend_micro_steps : fold.virtual_micro_steps;
     if (ok)
         sim_sums_add_kept(&sim, result, fold.inserts,
                           !result->stopped && fold.virtual_micro_steps > 0);

@@ -44,7 +44,11 @@
  * top of its physical ones (times, sums and counts move by both, op indices by the physical
  * only), inserted before each stage's window (SimFoldReport.inserts, which sim_ops.c needs to
  * add the long schedule's static sums in its order). The same checks bound it (the grid's
- * end, the stop time), so a caller whose short run did not count all k runs the long one.
+ * end, the stop time), so a caller whose short run did not count all k runs the long one;
+ * but where a proof would count them all and the stop time alone comes first, the run goes
+ * on to its stop, and if every op that began since lies in the run the proof's shift repeats
+ * (none of the short schedule's drain), it stopped where the long one does
+ * (sim_jump_stopped_exact; test_sim_extend's random trials stop both at a random time).
  * Only a shift that is a whole period of the builder's schedule counts them: one or more
  * micro-steps of 1F1B or accumulation, a whole group of an interleaved schedule (the long
  * one has whole groups more, each running every chunk; a shift inside a group repeats one
@@ -689,6 +693,12 @@ static gint insert_cmp(gconstpointer x, gconstpointer y)
     return a->at < b->at ? -1 : a->at > b->at;
 }
 
+gboolean sim_fold_stopped_exact(SimFold *f, Sim *sim)
+{
+    return f && !f->refused && sim->stop_after_s > 0 && sim->stopped_s > sim->stop_after_s &&
+           sim_jump_stopped_exact(f, sim);
+}
+
 void sim_fold_free(SimFold *f, SimFoldReport *report)
 {
     if (!f)
@@ -719,6 +729,7 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
     g_free(f->stage_start);
     g_free(f->stage_end);
     g_free(f->lo_hint);
+    g_free(f->stop_from);
     g_free(f->equal_from);
     g_free(f->equal_to);
     g_free(f->equal_step);

@@ -32,6 +32,12 @@ static inline void sim_fold_note_add(Sim *sim, double *field, double x)
 void sim_fold_note_cell(Sim *sim, double *array, size_t at, double value);
 void sim_fold_note_rank(Sim *sim, size_t at, uint32_t rank);
 
+/* Whether a run with extend_or_stop that stopped at SimOptions.stop_after_s stopped where
+ * the long schedule's run stops (sim_jump_stopped_exact): every virtual period would have
+ * been counted but for the stop time, and the run reached it on steady periods alone. Its
+ * step time then stands for the long schedule's (SimResult.extended_micro_steps). */
+gboolean sim_fold_stopped_exact(SimFold *fold, Sim *sim);
+
 void sim_fold_free(SimFold *fold, SimFoldReport *report);
 
 #endif

@@ -902,6 +902,24 @@ static void move_state(SimFold *f, Sim *sim, const Snap *b, Snap *c, uint64_t pe
     sim_queue_replace(&sim->queue, times, events);
 }
 
+gboolean sim_jump_stopped_exact(SimFold *f, Sim *sim)
+{
+    if (!f->stop_from)
+        return FALSE;
+    const uint32_t k = f->stop_shift;
+    for (uint32_t s = 0; s < f->stages; s++) {
+        const size_t at = (size_t)k * f->stages + s;
+        uint32_t lo, hi;
+        sim_jump_window(f, sim, s, &lo, &hi);
+        if (f->equal_open[at] && f->equal_to[at] < hi)
+            walk_on(f, sim, k, s, hi);
+        if (f->equal_step[at] <= 0 || f->equal_from[at] > f->stop_from[s] ||
+            f->equal_to[at] < hi)
+            return FALSE;
+    }
+    return TRUE;
+}
+
 gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
                           uint32_t k_shift, gboolean log)
 {
@@ -919,14 +937,21 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
     sim_queue_events(&sim->queue, times, events);
     const double period_s = c->now_s - b->now_s;
+    /* Every virtual period would be counted but for the stop time: the run goes on to it,
+     * jumping those before it, and its stop is the long schedule's (sim_fold_stopped_exact). */
+    const gboolean all_but_stop = sim->extend_or_stop && whole && f->virtual_left > 0 &&
+                                  MIN(virt, periods) * c->shift >= f->virtual_left;
     periods = periods_before_stop(sim, c, times, period_s, periods);
     /* The virtual periods first (the physical ones left for the jumps to come); the
      * schedule's ops move by the physical ones only. */
     const uint64_t virtual_periods = MIN(virt, periods), moved_periods = periods - virtual_periods;
     if (periods >= 1 && !refs_stay_inside(f, sim, c, k_shift, moved_periods))
         periods = 0;
-    if (periods >= 1 && sim->extend_or_stop && whole &&
-        virtual_periods * c->shift < f->virtual_left) {
+    if (all_but_stop && virtual_periods * c->shift < f->virtual_left && !f->stop_from) {
+        f->stop_shift = k_shift;
+        f->stop_from = g_memdup2(lo, f->stages * sizeof *lo);
+    } else if (periods >= 1 && sim->extend_or_stop && whole &&
+               virtual_periods * c->shift < f->virtual_left && !f->stop_from) {
         /* Not all the virtual micro-steps in this jump (a stop time or the grid's end comes
          * first): the caller runs the long schedule anyway, so the rest of this run is not
          * worth its time (SimOptions.extend_or_stop). A jump inside an interleaved group

@@ -109,6 +109,11 @@ struct SimFold {
      * was noted (a virtual period has no op to write its cells at: none counted then). */
     uint64_t virtual_left;
     gboolean cells_noted;
+    /* With extend_or_stop: a proof whose jump would have counted every virtual period but for
+     * the stop time (SimOptions.stop_after_s), which the run is left to reach: its shift, and
+     * each stage's window start then (stop_from, NULL before). sim_fold_stopped_exact. */
+    uint32_t stop_shift;
+    uint32_t *stop_from;
 };
 
 /* Whether op i counts its dependencies down (sim_ops.c: Dependent.counted). */
@@ -167,6 +172,14 @@ void sim_jump_capture(SimFold *f, Sim *sim, Snap *snap);
  * (SimFold.blocked_at): it waits till the window is past the op that does not repeat. */
 int64_t sim_jump_periods(SimFold *f, Sim *sim, uint32_t k, uint32_t span, uint32_t *lo,
                          uint32_t *hi);
+
+/* Whether a run stopped at SimOptions.stop_after_s past a jump the stop time cut short of
+ * the virtual periods (SimFold.stop_from) stopped as the long schedule's run does, at the
+ * same time: every op that began counting down on a stage since that window's start repeats
+ * the op a period before it under the proof's shift (walked on as far as they reach), so
+ * none is of the short schedule's drain, and the rest of the run was steady periods, which
+ * the long schedule has too, only more of them. */
+gboolean sim_jump_stopped_exact(SimFold *f, Sim *sim);
 
 /* Advances the run from c by the most whole periods that stay exact; FALSE where fewer than
  * two fit, or one virtual period (nothing changed). The proof's first snapshot is b (c is b

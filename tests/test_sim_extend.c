@@ -431,10 +431,11 @@ static void test_extend_refused(void)
 }
 
 /* extend_or_stop. 1F1B pp 2 short by 64 of 96 micro-steps: one jump counts all 64, with
- * extend_or_stop or without. With a stop time at 0.6 of the long step the jump is trimmed to end before it (the
- * search's early stop), so it counts fewer: without extend_or_stop the run goes on and stops
- * at that time, 0 < counted < 64; with it the run stops at that jump, none counted (what
- * cli_rank.c then falls back from). */
+ * extend_or_stop or without. With a stop time at 0.6 of the long step the jump is trimmed to
+ * end before it (the search's early stop), so it counts fewer: without extend_or_stop the run
+ * goes on and stops at that time, 0 < counted < 64; with it the run goes on too, on steady
+ * periods alone, and its stop is the long schedule's, at the same time: it says so by
+ * counting all 64 (sim_fold_stopped_exact), and cli_rank.c builds no long schedule. */
 static void test_extend_or_stop(void)
 {
     const ExtCase c = {"1f1b pp 2 x 96", 0, 1, 1, 2, 1, ZP_PIPE_1F1B, FALSE, 96, 32, 1};
@@ -457,8 +458,14 @@ static void test_extend_or_stop(void)
     g_assert_cmpuint(r->extended_micro_steps, >, 0);
     g_assert_cmpuint(r->extended_micro_steps, <, 64);
     g_assert_true(or_stop->stopped);
-    g_assert_cmpuint(or_stop->extended_micro_steps, ==, 0);
-    g_assert_nonnull(strstr(or_stop->fold_note, "the virtual periods do not fit this jump"));
+    g_assert_cmpuint(or_stop->extended_micro_steps, ==, 64);
+    ZpSchedule *l = ext_schedule(&c, c.accum);
+    SimResult *long_run = run_ext(l, (SimOptions){.stop_after_s = stop_s});
+    g_assert_true(long_run->stopped);
+    g_assert_cmpfloat(or_stop->step_time_s, ==, long_run->step_time_s);
+    g_assert_cmpfloat(or_stop->step_time_s, >, stop_s);
+    sim_result_free(long_run);
+    zp_sched_free(l);
     sim_result_free(r);
     sim_result_free(or_stop);
     zp_sched_free(s);
@@ -670,6 +677,28 @@ static void test_extend_wide_ops(void)
     }
 }
 
+/* The short schedule s (l built `shorter` micro-steps longer) run as the search runs it, with
+ * extend_or_stop and a stop time stop_s: where it says it stopped as the long schedule does
+ * (every virtual micro-step counted: sim_fold_stopped_exact, or all counted before the stop),
+ * its step time is the long schedule's stopped without a fold, bit for bit. 1 where it says
+ * so. */
+static int stops_as_long(const ZpSchedule *s, const ZpSchedule *l, uint32_t shorter,
+                         double stop_s)
+{
+    SimResult *r = run_ext(s, (SimOptions){.extend_micro_steps = shorter,
+                                           .extend_or_stop = TRUE, .stop_after_s = stop_s});
+    const gboolean claimed = r->extended_micro_steps == shorter;
+    if (claimed) {
+        g_assert_true(r->stopped);
+        SimResult *stepped = run_ext(l, (SimOptions){.no_fold = TRUE, .stop_after_s = stop_s});
+        g_assert_true(stepped->stopped);
+        g_assert_cmpfloat(r->step_time_s, ==, stepped->step_time_s);
+        sim_result_free(stepped);
+    }
+    sim_result_free(r);
+    return claimed;
+}
+
 /* Whatever the shape, an extension the fold counts is exact: random plans (a fixed seed, so a
  * failure names its trial) over pp 1-8, 1F1B, interleaved and GPipe, ZeRO stages 0-3 (0-1
  * with a pipeline), tensor parallelism inside and across nodes, checkpointing, DeepSpeed and
@@ -697,9 +726,11 @@ static void test_extend_random(void)
      * those trials, the optimizer to the CPU or NVMe (and at stage 3 the parameters with it in
      * half), where the CPU step waits on every micro-step's copies (sim_fold.c's sinks). */
     GRand *offloads = g_rand_new_with_seed(seed ^ 0x27d4eb2fu);
+    /* The search's stop time, as a share of the step, from a stream of its own too. */
+    GRand *stops = g_rand_new_with_seed(seed ^ 0x165667b1u);
     static const int pps[] = {1, 2, 3, 4, 6, 8}, mps[] = {1, 2, 16}, layers[] = {8, 12, 16, 24};
     int proven = 0, trials = 0, replayed = 0, wide = 0, wide_proven = 0, offloaded = 0,
-        offloaded_proven = 0;
+        offloaded_proven = 0, stops_exact = 0;
     for (int trial = 0; trial < n_trials; trial++) {
         const gboolean small_buckets = g_rand_int_range(buckets, 0, 3) == 0;
         const int pp_drawn = pps[g_rand_int_range(rand, 0, G_N_ELEMENTS(pps))];
@@ -762,6 +793,12 @@ static void test_extend_random(void)
                        mp, dp, p.zero.stage, offload ? " offloaded" : "", L, m, shorter, widest,
                        ext->extended_micro_steps, ext->fold_note);
         g_assert_cmpuint(ext->extended_micro_steps, <=, (uint32_t)shorter);
+        /* Stopped by the search at a share of the step: every trial, proven or not. */
+        SimResult *whole_step = run_ext(l, (SimOptions){.no_fold = TRUE});
+        stops_exact += stops_as_long(s, l, (uint32_t)shorter,
+                                     g_rand_double_range(stops, 0.2, 0.98) *
+                                         whole_step->step_time_s);
+        sim_result_free(whole_step);
         if (ext->extended_micro_steps == (uint32_t)shorter) {
             SimResult *stepped = run_ext(l, (SimOptions){.no_fold = TRUE});
             assert_same_all(ext, stepped);
@@ -779,10 +816,12 @@ static void test_extend_random(void)
     g_rand_free(rand);
     g_rand_free(buckets);
     g_rand_free(offloads);
+    g_rand_free(stops);
     g_test_message("%d of %d trials counted every virtual micro-step, the allocator replay "
                    "extended in %d of them; %d of %d with an op of over 255 dependencies; %d "
-                   "of the %d offloaded at stages 2-3",
-                   proven, trials, replayed, wide_proven, wide, offloaded_proven, offloaded);
+                   "of the %d offloaded at stages 2-3; %d stopped as the long schedule",
+                   proven, trials, replayed, wide_proven, wide, offloaded_proven, offloaded,
+                   stops_exact);
     /* Not vacuous: most trials are built and a fair share of them proven (37 of 117 with
      * keep sizes as random as these). */
     if (seed_env || trials_env)
@@ -792,6 +831,7 @@ static void test_extend_random(void)
     g_assert_cmpint(replayed, >=, proven / 2);
     g_assert_cmpint(wide_proven, >=, 5); /* 11 of 17 */
     g_assert_cmpint(offloaded_proven, >=, 2); /* 3 of 5 (stage 1's, 4 of 6, extended before) */
+    g_assert_cmpint(stops_exact, >=, proven / 2);
 }
 
 
