@@ -94,6 +94,15 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * round trips. A plan that folds by one micro-step anyway counts k all the same, and one that
  * folds by neither falls back to the full schedule.
  *
+ * 1F1B over uneven stages (zp_pipe_heavy_stages: h of them a block more) repeats every h
+ * micro-steps where tensor parallelism is 8 or more, by one where it is less: 2 pp + 2 h + 8
+ * kept (2 pp + 8 proved none of mt-nlg-530b's over 16 stages with tp 8; + h missed gpt3-175b's
+ * 96 blocks over 20 and bloom-176b's 70 over 12), k whole periods of 2 and of h, and of the
+ * round trip's where that leaves some, though with the round trip it is h's shift that
+ * proves (5 pp kept counted fewer on 14 shapes of 27, as many on the rest: gpt-1t pp 80 x tp
+ * 16 x 1536 960 against 1,200). A plan that needs no such shift keeps 2 h more (gpt-13b pp 16,
+ * 8 heavy: 72 virtual, 88 before).
+ *
  * 0 where the plan is too short to gain, or GPipe, whose forward phase does not fold
  * (sim_fold_new counts no virtual periods there). Too short: k below half the kept micro-
  * steps (1F1B, accumulation) or 2 groups (interleaved, above). A short run the fold cannot
@@ -135,8 +144,9 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
                           model->layers % (uint64_t)pp == 0;
     const int heavy = zp_pipe_heavy_stages(model, plan);
     const int keep = interleaved  ? 5 * pp
+                     : heavy > 2  ? 2 * pp + 2 * heavy + 8
                      : round_trip ? 5 * pp
-                     : pp > 1     ? (even ? pp : 2 * pp + (heavy > 2 ? 2 * heavy : 0)) + 8
+                     : pp > 1     ? (even ? pp : 2 * pp) + 8
                                   : 8;
     const int base = interleaved || round_trip ? pp : 2;
     if (heavy <= 2)
