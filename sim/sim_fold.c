@@ -513,6 +513,56 @@ static gboolean group_may_jump(SimFold *f, const Sim *sim, uint32_t micro)
            !(blocked(f, sim, GROUP_SHIFTS) && blocked(f, sim, GROUP_SHIFTS + 1));
 }
 
+/* Shift k tried anew with d micro-steps: what its walks proved is of another period (their
+ * runs, no longer of the current generation, are not borrowed: sim_fold_jump.c). */
+static void shift_reset(SimFold *f, uint32_t k, uint32_t d)
+{
+    const size_t at = (size_t)k * f->stages, n = f->stages;
+    f->steps_gen[k]++;
+    f->blocked_at[k] = UINT32_MAX;
+    f->shifts[k] = d;
+    if (k == f->n_shifts)
+        f->n_shifts++;
+    if (!f->equal_from) /* no walk yet (find_stages makes their rows) */
+        return;
+    memset(&f->equal_from[at], 0, n * sizeof *f->equal_from);
+    memset(&f->equal_to[at], 0, n * sizeof *f->equal_to);
+    memset(&f->equal_gen[at], 0, n * sizeof *f->equal_gen);
+    memset(&f->equal_step[at], 0, n * sizeof *f->equal_step);
+    memset(&f->equal_steps[at], 0, n * sizeof *f->equal_steps);
+    memset(&f->equal_open[at], 0, n * sizeof *f->equal_open);
+    memset(&f->prior[at], 0, n * sizeof *f->prior);
+}
+
+/* The period of a 1F1B pipeline's first stage by its heads: the fewest micro-steps d (3 to
+ * pp, none of the shifts tried) over which its head times repeat, each head d after another d
+ * after that one's, over a whole period: the shift found_slot tries (MAX_SHIFTS says why). A
+ * shift only proposes: a jump still needs the whole state to repeat (sim_snap_repeats). Run
+ * at a head where no shift's cheap fields repeated, past the fill. */
+static void found_period(SimFold *f, uint32_t micro)
+{
+    const uint32_t n = f->n_head_s;
+    const double *t = f->head_s;
+#define HEAD_S(m) t[(m) % n]
+    for (uint32_t d = 3; d <= f->stages && 2 * d <= micro && 2 * d < n; d++) {
+        gboolean tried = FALSE;
+        for (uint32_t j = 0; j < f->n_shifts; j++)
+            tried = tried || (f->shifts[j] == d && j != f->found_slot);
+        if (tried)
+            continue;
+        const double moved = HEAD_S(micro) - HEAD_S(micro - d);
+        uint32_t j = 1;
+        while (j < d && HEAD_S(micro - j) - HEAD_S(micro - j - d) == moved)
+            j++;
+        if (j < d)
+            continue;
+        if (f->found_slot >= f->n_shifts || f->shifts[f->found_slot] != d)
+            shift_reset(f, f->found_slot, d);
+        return;
+    }
+#undef HEAD_S
+}
+
 /* Watched rank w's compute stream moved on to op head: a snapshot where it is a head, and a
  * jump where the last three of its kind repeat. TRUE where it jumped. */
 static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double now_s)
@@ -538,6 +588,8 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     if (micro >= 2 * dmax + 1)
         g_hash_table_remove(f->snaps, &old);
     f->passing[w] = FALSE;
+    if (w == 0 && f->head_s)
+        f->head_s[micro % f->n_head_s] = now_s;
     /* Interleaved: a group's shifts first (where a group repeats, its jump skips whole groups,
      * and it alone counts virtual ones), then those inside a group. */
     const uint32_t first_k = f->group > 0 ? GROUP_SHIFTS : 0;
@@ -592,6 +644,8 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
             }
         }
     }
+    if (w == 0 && f->head_s && !f->passing[0] && micro >= f->stages)
+        found_period(f, micro);
     if (sim->extend_or_stop && f->virtual_left > 0 && w == 0 && micro + 1 >= f->A) {
         /* The first stage's last micro-step began: its steady periods are over, so no jump
          * comes (every stage's ops must repeat ahead of it), and the virtual micro-steps left
@@ -669,6 +723,12 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     const uint32_t heavy = (uint32_t)zp_pipe_heavy_stages(&sim->sched->model, &sim->sched->plan);
     if (heavy > 2 && heavy < f->stages)
         f->shifts[f->n_shifts++] = heavy;
+    f->found_slot = UINT32_MAX;
+    if (sim->sched->plan.pipe.schedule == ZP_PIPE_1F1B && f->stages > 2) {
+        f->found_slot = f->n_shifts; /* taken when found_period finds one */
+        f->n_head_s = 2 * f->stages + 2;
+        f->head_s = g_new0(double, f->n_head_s);
+    }
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_INTERLEAVED && f->stages > 1) {
         g_assert(f->n_shifts == GROUP_SHIFTS);
         f->shifts[f->n_shifts++] = f->stages;
@@ -730,6 +790,7 @@ void sim_fold_free(SimFold *f, SimFoldReport *report)
     g_free(f->stage_end);
     g_free(f->lo_hint);
     g_free(f->stop_from);
+    g_free(f->head_s);
     g_free(f->equal_from);
     g_free(f->equal_to);
     g_free(f->equal_step);

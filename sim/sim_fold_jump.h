@@ -18,8 +18,11 @@
  * (plan --3d gpt-1t/4096's 1F1B pp 32 x tp 32: stage 0's period is 0.0902409 s but 0.0926946
  * then 0.0853067 s at micro-steps 64, 96, .., 480), so no state repeats a micro-step on, while
  * every one repeats pp on. And 1F1B over uneven stages tries the number of stages that hold a
- * block more (zp_pipe_heavy_stages), which its steady state repeats by: the fourth. */
-#define MAX_SHIFTS 4
+ * block more (zp_pipe_heavy_stages), which its steady state repeats by: the fourth; and any
+ * 1F1B run over more than two stages the period its first stage's heads show (sim_fold.c
+ * found_period, up to pp micro-steps: mt-nlg-530b's 105 blocks over 64 stages with tp 4 repeat
+ * every 40, not the 41 of tp 8 and 16): the fifth. */
+#define MAX_SHIFTS 5
 
 /* A recorded period's log (sums added to, timeline cells written). */
 typedef enum { NOTE_ADD, NOTE_CELL, NOTE_RANK } NoteKind;
@@ -86,6 +89,11 @@ struct SimFold {
     uint32_t *sink, *sink_start;
     int64_t *sink_fall;
     uint32_t shifts[MAX_SHIFTS], n_shifts;
+    /* 1F1B over more than two stages: the slot of the shift found from the first stage's
+     * heads (sim_fold.c found_period; UINT32_MAX where none is looked for), and those heads'
+     * times, head_s[micro % n_head_s] (n_head_s = 2 stages + 2). */
+    uint32_t found_slot, n_head_s;
+    double *head_s;
     uint32_t group, chunks; /* interleaved: a period's micro-steps (pp), and chunks; else 0 */
     /* sim_jump_periods found no room for this shift before op blocked_at of stage
      * blocked_stage, which does not repeat: not tried again until that stage's window is past

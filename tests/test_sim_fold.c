@@ -567,6 +567,18 @@ static void test_fold_json_schedules(void)
     }
 }
 
+/* A 1F1B period no shift names: mt-nlg-530b's 105 blocks over 64 stages with tp 4 repeat
+ * every 40 micro-steps (41 stages hold a block more; with tp 8 and 16 they repeat every 41),
+ * which the first stage's heads show (sim_fold.c found_period). It stepped every event
+ * before; now it folds, equal to --no-fold in every field. */
+static void test_fold_found_period(void)
+{
+    (void)assert_json_folds("simulate --model mt-nlg-530b --cluster dgx-a100-80g --gpus 256 "
+                            "--mp 4 --pp 64 --stage 0 --micro-batch 1 --grad-accum 512 "
+                            "--checkpoint --json",
+                            250);
+}
+
 /* Plans `simulate` runs from the schedule built short (cli_simulate.c simulate_short), their
  * missing steady periods counted as virtual ones, as the search evaluates a plan: 1F1B pp 4, 8
  * and 16 over many micro-batches, plain accumulation (stage 2, stage 3 checkpointed, stage 3
@@ -956,6 +968,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/fold/past-grid", test_fold_past_grid);
     g_test_add_func("/sim/fold/json-schedules", test_fold_json_schedules);
     g_test_add_func("/sim/fold/json-short", test_fold_json_short);
+    g_test_add_func("/sim/fold/found-period", test_fold_found_period);
     g_test_add_func("/sim/fold/text-short", test_fold_text_short);
     g_test_add_func("/sim/fold/alloc-replay", test_fold_alloc_replay);
     g_test_add_func("/sim/fold/alloc-replay-made", test_fold_alloc_replay_made);
