@@ -167,6 +167,22 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
  * ZP_SCHED_MAX_UNIT_STEPS does for the full schedule (5e5). */
 #define CLI_SHORT_MAX_UNIT_STEPS 2.5e6
 
+/* The plan's schedule built k micro-steps short, in *sched (NULL where the builder refuses),
+ * and its run counting them as virtual periods, stopping where they will not all be. */
+static SimResult *run_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
+                            const SimOptions *base, int k, ZpSchedule **sched)
+{
+    ZpPlan shorter = *plan;
+    shorter.grad_accum -= k;
+    *sched = zp_sched_build(model, &shorter, NULL);
+    if (!*sched)
+        return NULL;
+    SimOptions options = *base;
+    options.extend_micro_steps = (uint32_t)k;
+    options.extend_or_stop = TRUE;
+    return sim_engine_run(*sched, hw, &options, NULL);
+}
+
 SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
                                    const SimOptions *base, ZpAllocStats *alloc,
                                    gboolean *alloc_done, ZpSchedule **built)
@@ -174,7 +190,7 @@ SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const Z
     *alloc_done = FALSE;
     if (built)
         *built = NULL;
-    const int k = cli_rank_short_by(model, plan, hw);
+    int k = cli_rank_short_by(model, plan, hw);
     /* Not the long schedule's op cap (zp_schedsize_check_plan): what this path holds is the
      * short schedule and an allocator replay that lists the inserted periods' copies only
      * until they repeat, their buffers taken again (zp_alloc_ops_extended), not the long
@@ -188,15 +204,21 @@ SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const Z
     if (k == 0 || unit_steps > CLI_SHORT_MAX_UNIT_STEPS ||
         zp_schedsize_estimate_ops(model, plan) >= ZP_ALLOC_OPS_MAX_PLACES)
         return NULL;
-    ZpPlan shorter = *plan;
-    shorter.grad_accum -= k;
-    ZpSchedule *sched = zp_sched_build(model, &shorter, NULL);
+    ZpSchedule *sched = NULL;
+    SimResult *result = run_short(model, hw, plan, base, k, &sched);
+    /* The fold proved a period k is no whole number of (a found one, sim_fold.c): built
+     * short by k rounded down to it, once more (mt-nlg-530b pp 64 x tp 4 repeats every 40
+     * micro-steps, k whole periods of 82: 2,048 micro-steps built 288 long, not 2,048). */
+    const uint32_t period = result ? result->extend_period : 0;
+    if (result && result->extended_micro_steps != (uint32_t)k && period > 0 &&
+        (uint32_t)k / period * period >= period) {
+        sim_result_free(result);
+        zp_sched_free(sched);
+        k = (int)((uint32_t)k / period * period);
+        result = run_short(model, hw, plan, base, k, &sched);
+    }
     if (!sched)
         return NULL;
-    SimOptions options = *base;
-    options.extend_micro_steps = (uint32_t)k;
-    options.extend_or_stop = TRUE;
-    SimResult *result = sim_engine_run(sched, hw, &options, NULL);
     if (result && result->extended_micro_steps != (uint32_t)k) {
         sim_result_free(result);
         result = NULL;

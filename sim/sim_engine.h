@@ -172,6 +172,11 @@ typedef struct SimResult {
      * longer schedule only where this equals it (a stopped one, for the longer schedule's
      * run stopped at the same stop_after_s: SimOptions.extend_or_stop). */
     uint32_t extended_micro_steps;
+    /* Where they were not all counted because they are no whole number of the period the
+     * fold proved (micro-steps: a heavy stages' or a found one, sim_fold.c), that period: the
+     * short schedule built that many fewer short, rounded down to it, counts them (cli_rank.c
+     * cli_rank_simulate_short); 0 otherwise. */
+    uint32_t extend_period;
     /* Where: the periods the longer schedule has and this one lacks, sorted by op (what its
      * allocator replay needs, zp_alloc_replay_schedule_extended); NULL where none. */
     ZpOpInsert *inserts;

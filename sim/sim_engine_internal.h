@@ -34,6 +34,9 @@ typedef struct {
      * SimFoldInsert sorted by op, the caller's to free (NULL where none). */
     uint32_t virtual_micro_steps;
     GArray *inserts;
+    /* A proof's period (micro-steps) that the virtual ones are no whole number of: its jump
+     * could not count them all for that alone (SimResult.extend_period); 0 otherwise. */
+    uint32_t extend_period;
 } SimFoldReport;
 
 /* What the loop needs of an op, computed once and shared by all ranks: 40 bytes, each op's

@@ -216,6 +216,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     /* Stopped where the long schedule's run stops: its step time is that run's. */
     result->extended_micro_steps =
         stopped_exact ? options->extend_micro_steps : fold.virtual_micro_steps;
+    result->extend_period = fold.extend_period;
     if (ok)
         sim_sums_add_kept(&sim, result, fold.inserts,
                           !result->stopped && fold.virtual_micro_steps > 0);

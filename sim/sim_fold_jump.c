@@ -958,6 +958,8 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
          * counts none: the group's shift comes after it (sim_fold.c). */
         f->refused = "the virtual periods do not fit this jump";
         sim->stopped_s = c->now_s;
+        if (f->virtual_left % c->shift != 0)
+            f->report.extend_period = c->shift;
         periods = 0;
     }
     /* Two periods at least, or virtual ones alone (no op moves: sim_fold.c's head comment). */

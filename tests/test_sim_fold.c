@@ -570,13 +570,15 @@ static void test_fold_json_schedules(void)
 /* A 1F1B period no shift names: mt-nlg-530b's 105 blocks over 64 stages with tp 4 repeat
  * every 40 micro-steps (41 stages hold a block more; with tp 8 and 16 they repeat every 41),
  * which the first stage's heads show (sim_fold.c found_period). It stepped every event
- * before; now it folds, equal to --no-fold in every field. */
+ * before; now it folds, equal to --no-fold in every field, and its virtual micro-steps, built
+ * short by 82 x 3 (cli_rank_short_by) and then by 40 x 6 (SimResult.extend_period), count. */
 static void test_fold_found_period(void)
 {
-    (void)assert_json_folds("simulate --model mt-nlg-530b --cluster dgx-a100-80g --gpus 256 "
-                            "--mp 4 --pp 64 --stage 0 --micro-batch 1 --grad-accum 512 "
-                            "--checkpoint --json",
-                            250);
+    const int64_t virt = assert_json_folds("simulate --model mt-nlg-530b --cluster dgx-a100-80g "
+                                           "--gpus 256 --mp 4 --pp 64 --stage 0 --micro-batch 1 "
+                                           "--grad-accum 512 --checkpoint --json",
+                                           240);
+    g_assert_cmpint(virt, ==, 240);
 }
 
 /* Plans `simulate` runs from the schedule built short (cli_simulate.c simulate_short), their
