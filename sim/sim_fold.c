@@ -544,7 +544,7 @@ static void found_period(SimFold *f, uint32_t micro)
     const uint32_t n = f->n_head_s;
     const double *t = f->head_s;
 #define HEAD_S(m) t[(m) % n]
-    for (uint32_t d = 3; d <= f->stages && 2 * d <= micro && 2 * d < n; d++) {
+    for (uint32_t d = 3; d <= f->stages && 2 * d < f->head_run && 2 * d < n; d++) {
         gboolean tried = FALSE;
         for (uint32_t j = 0; j < f->n_shifts; j++)
             tried = tried || (f->shifts[j] == d && j != f->found_slot);
@@ -588,8 +588,11 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
     if (micro >= 2 * dmax + 1)
         g_hash_table_remove(f->snaps, &old);
     f->passing[w] = FALSE;
-    if (w == 0 && f->head_s)
+    if (w == 0 && f->head_s) {
+        f->head_run = f->head_run > 0 && micro == f->head_last + 1 ? f->head_run + 1 : 1;
+        f->head_last = micro;
         f->head_s[micro % f->n_head_s] = now_s;
+    }
     /* Interleaved: a group's shifts first (where a group repeats, its jump skips whole groups,
      * and it alone counts virtual ones), then those inside a group. */
     const uint32_t first_k = f->group > 0 ? GROUP_SHIFTS : 0;

@@ -91,8 +91,9 @@ struct SimFold {
     uint32_t shifts[MAX_SHIFTS], n_shifts;
     /* 1F1B over more than two stages: the slot of the shift found from the first stage's
      * heads (sim_fold.c found_period; UINT32_MAX where none is looked for), and those heads'
-     * times, head_s[micro % n_head_s] (n_head_s = 2 stages + 2). */
-    uint32_t found_slot, n_head_s;
+     * times, head_s[micro % n_head_s] (n_head_s = 2 stages + 2), of the last head_run
+     * micro-steps in a row (a jump skips some: their places hold older times). */
+    uint32_t found_slot, n_head_s, head_run, head_last;
     double *head_s;
     uint32_t group, chunks; /* interleaved: a period's micro-steps (pp), and chunks; else 0 */
     /* sim_jump_periods found no room for this shift before op blocked_at of stage
