@@ -7,6 +7,7 @@
 #include "zp_alloc_replay.h"
 #include "zp_pipe.h"
 #include "zp_schedsize.h"
+#include "zp_util.h"
 
 #include <string.h>
 
@@ -113,16 +114,6 @@ static KeptRun *find_kept(const CliRankContext *c, const ZpPlan *plan)
  * that extends saves k / m: built 10 long to save 2 of 12,
  * plan's search of gpt3-175b on 256 GPUs took 0.185 s against main's 0.180 s, with the half
  * 0.173 s (least of 7, load 1.9). */
-static int64_t gcd(int64_t a, int64_t b)
-{
-    while (b != 0) {
-        const int64_t r = a % b;
-        a = b;
-        b = r;
-    }
-    return a;
-}
-
 /* k for m micro-steps of which `keep` are built, in whole units; 0 where that is too few to
  * gain (below) */
 static int short_by(int m, int keep, int unit, gboolean interleaved)
@@ -154,7 +145,7 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
     /* Uneven stages repeat every `heavy` micro-steps: k whole periods of that too (and of 2,
      * the shift of two micro-steps), and of the round trip's where that leaves some. */
     const int64_t period = heavy % 2 ? 2 * (int64_t)heavy : heavy;
-    const int64_t both = base / gcd(base, period) * period;
+    const int64_t both = base / (int64_t)zp_gcd_u64((uint64_t)base, (uint64_t)period) * period;
     const int k = both < m ? short_by(m, keep, (int)both, FALSE) : 0;
     return k > 0 ? k : short_by(m, keep, (int)period, FALSE);
 }

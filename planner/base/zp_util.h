@@ -116,6 +116,18 @@ static inline void *zp_array_extend(GArray *array, guint n, gsize elem_bytes, gu
     return array->data + (gsize)len * elem_bytes;
 }
 
+/* The greatest common divisor of a and b (a where b is 0): Megatron's bucket padding's
+ * lcm(dp, 128), a pipeline's period in whole micro-steps of two (cli_rank.c). */
+static inline uint64_t zp_gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b != 0) {
+        const uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
 /* The first index of the ascending v[0, n) whose value is at least x (n: none). */
 static inline guint zp_lower_bound_u32(const uint32_t *v, guint n, uint32_t x)
 {

@@ -4,6 +4,7 @@
  * stage 0 is DistributedDataParallel with the mixed-precision optimizer
  * (Float16OptimizerWithFloat16Params), stage 1 the same with --use-distributed-optimizer. */
 #include "zp_impl.h"
+#include "zp_util.h"
 
 #include <math.h>
 
@@ -48,15 +49,6 @@ static void mg_plan_defaults(ZpPlan *plan)
 static uint64_t pad_up(uint64_t n, uint64_t divisor)
 {
     return (n + divisor - 1) / divisor * divisor;
-}
-
-static uint64_t gcd64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        const uint64_t r = a % b;
-        a = b, b = r;
-    }
-    return a;
 }
 
 /* Whether tensor i is the stage's shared embedding weight: with a tied head under a pipeline
@@ -110,7 +102,7 @@ uint64_t zp_impl_megatron_layout(const ZpSchedule *s, GArray *buckets, uint64_t 
     const gboolean dist = p->zero.stage == 1;
     const double limit = p->zero.overlap_comm ? p->zero.reduce_bucket_size : INFINITY;
     const uint64_t dp = (uint64_t)p->dp;
-    const uint64_t end_divisor = dp / gcd64(dp, 128) * 128;
+    const uint64_t end_divisor = dp / zp_gcd_u64(dp, 128) * 128;
     const double bytes = zp_plan_reduce_bytes(p);
     GArray *tensors = zp_impl_tensors(s);
     const ZpImplTensor *t = (const ZpImplTensor *)tensors->data;
