@@ -116,6 +116,10 @@ static void test_bad_input(void)
         {"--model tiny --mp 2 --emulate 2",
          "tensor parallelism (mp 2) and pipelines (pp 1) run over MPI ranks"},
     };
+    /* Each of these ranks fails on its own, at once: the teardown has nothing to stop, and
+     * tu_mpirun_environ's (no pause) holds here, not this file's for stopped ranks (2 s a
+     * case, 42 s in all). */
+    g_unsetenv("OMPI_MCA_odls_base_sigkill_timeout");
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         char *err = NULL;
         int status = mpirun(1, cases[i].args, &err);
@@ -127,6 +131,7 @@ static void test_bad_input(void)
     g_assert_false(g_spawn_check_wait_status(mpirun(2, "--model tiny --emulate 2", &err), NULL));
     g_assert_nonnull(strstr(err, "--emulate runs as one process; start it without mpirun"));
     g_free(err);
+    tu_stopped_teardown();
 }
 
 /* --backend cuda where no GPU can be used (CI has none; CUDA_VISIBLE_DEVICES=-1 hides any a
@@ -191,6 +196,7 @@ int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     real_zero_common_init();
+    tu_stopped_teardown();
     g_test_add_func("/zreal/killed-rank", test_killed_rank);
     g_test_add_func("/zreal/stopped-rank", test_stopped_rank);
     g_test_add_func("/zreal/slow-step-flagged", test_slow_step_flagged);

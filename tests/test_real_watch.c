@@ -118,6 +118,7 @@ static void test_malformed_hook(void)
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
+    tu_stopped_teardown();
     tmp_dir = g_dir_make_tmp("zreal-watch-XXXXXX", NULL);
     g_assert_nonnull(tmp_dir);
     g_test_add_func("/zreal/watch/stopped-in-init", test_stopped_in_init);

@@ -26,8 +26,13 @@ TuRun tu_run(const char *command, char **envp);
 void tu_free(TuRun *run);
 
 /* This process's environment for mpirun (g_strfreev it): as root too, one BLAS thread a rank,
- * Open MPI's ob1 pml named and a failed job torn down without pausing. */
+ * Open MPI's ob1 pml named and a failed job torn down without pausing, unless the environment
+ * names its own OMPI_MCA_odls_base_sigkill_timeout (a test of stopped ranks: tu_stopped_teardown). */
 char **tu_mpirun_environ(void);
+
+/* For the tests whose ranks are stopped or killed: mpirun's default teardown of a failed job
+ * (tu_mpirun_environ), set in this process's environment before their runs. */
+void tu_stopped_teardown(void);
 
 /* Runs `mpirun --oversubscribe -np n build/zreal ARGS` (as root too, one BLAS thread a rank)
  * with ZREAL_COMM_TIMEOUT_S = timeout (NULL: unset) and waits for it. */
