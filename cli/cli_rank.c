@@ -174,6 +174,26 @@ static SimResult *run_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *
     return sim_engine_run(*sched, hw, &options, NULL);
 }
 
+/* Where a short run counted no virtual period for what its fold found of the period, the
+ * micro-steps to build short by once more (0: none, the caller's full run then):
+ * - the fold proved a period k is no whole number of (a found one, sim_fold.c): k rounded
+ *   down to it (mt-nlg-530b pp 64 x tp 4 repeats every 40 micro-steps, k whole periods of
+ *   82: 2,048 micro-steps built 288 long, not 2,048);
+ * - a shift's whole state repeated but the short schedule ended before its proof had room
+ *   (SimResult.extend_room): a period fewer, rounded down to it. The periods the heavy
+ *   stages suggest (cli_rank_short_by) are measured on tp 8 and 16; deepseek-v3's 61 blocks
+ *   repeat every 26 micro-steps over 32 stages with tp 4 (29 heavy), every 12 over 16 with
+ *   tp 8 (13 heavy): 768 micro-steps were built whole, 556 and 319 ms each in `plan --3d`
+ *   on 256 H100s, and 82 and 35 ms built short. */
+static int short_again(int k, uint32_t period, uint32_t room)
+{
+    if (period > 0 && (uint32_t)k / period * period >= period)
+        return (int)((uint32_t)k / period * period);
+    if (room > 0 && (uint32_t)k > room && ((uint32_t)k - room) / room * room >= room)
+        return (int)(((uint32_t)k - room) / room * room);
+    return 0;
+}
+
 SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
                                    const SimOptions *base, ZpAllocStats *alloc,
                                    gboolean *alloc_done, ZpSchedule **built)
@@ -197,15 +217,13 @@ SimResult *cli_rank_simulate_short(const ZpModel *model, const ZpHw *hw, const Z
         return NULL;
     ZpSchedule *sched = NULL;
     SimResult *result = run_short(model, hw, plan, base, k, &sched);
-    /* The fold proved a period k is no whole number of (a found one, sim_fold.c): built
-     * short by k rounded down to it, once more (mt-nlg-530b pp 64 x tp 4 repeats every 40
-     * micro-steps, k whole periods of 82: 2,048 micro-steps built 288 long, not 2,048). */
-    const uint32_t period = result ? result->extend_period : 0;
-    if (result && result->extended_micro_steps != (uint32_t)k && period > 0 &&
-        (uint32_t)k / period * period >= period) {
+    const int again = result && result->extended_micro_steps != (uint32_t)k
+                          ? short_again(k, result->extend_period, result->extend_room)
+                          : 0;
+    if (again > 0) { /* once more, built short by fewer */
         sim_result_free(result);
         zp_sched_free(sched);
-        k = (int)((uint32_t)k / period * period);
+        k = again;
         result = run_short(model, hw, plan, base, k, &sched);
     }
     if (!sched)

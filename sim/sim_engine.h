@@ -177,6 +177,12 @@ typedef struct SimResult {
      * short schedule built that many fewer short, rounded down to it, counts them (cli_rank.c
      * cli_rank_simulate_short); 0 otherwise. */
     uint32_t extend_period;
+    /* Where none was counted because the short schedule ended too soon: a shift whose whole
+     * state repeated (snapshots and countdowns) but whose ops ran out before a period past
+     * the proof's window (the short schedule's drain came first), in micro-steps; built
+     * short by that period fewer, rounded down to it, the proof has a period more of room
+     * (cli_rank_simulate_short); 0 otherwise. */
+    uint32_t extend_room;
     /* Where: the periods the longer schedule has and this one lacks, sorted by op (what its
      * allocator replay needs, zp_alloc_replay_schedule_extended); NULL where none. */
     ZpOpInsert *inserts;

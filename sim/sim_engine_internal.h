@@ -37,6 +37,9 @@ typedef struct {
     /* A proof's period (micro-steps) that the virtual ones are no whole number of: its jump
      * could not count them all for that alone (SimResult.extend_period); 0 otherwise. */
     uint32_t extend_period;
+    /* A shift whose state repeated but whose ops ran out before a period past the window,
+     * with virtual periods left to count (SimResult.extend_room); 0 otherwise. */
+    uint32_t extend_room;
 } SimFoldReport;
 
 /* What the loop needs of an op, computed once and shared by all ranks: 40 bytes, each op's

@@ -217,6 +217,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     result->extended_micro_steps =
         stopped_exact ? options->extend_micro_steps : fold.virtual_micro_steps;
     result->extend_period = fold.extend_period;
+    result->extend_room = fold.extend_room;
     if (ok)
         sim_sums_add_kept(&sim, result, fold.inserts,
                           !result->stopped && fold.virtual_micro_steps > 0);

@@ -932,6 +932,11 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
      * one): the longer schedule's ops repeat over as many more. */
     const gboolean whole = c->shift % MAX(f->group, 1) == 0;
     const uint64_t virt = most >= 0 && !f->cells_noted && whole ? f->virtual_left / c->shift : 0;
+    /* The whole state repeated (the caller's proof) but the ops not a period past the window:
+     * on a short schedule, its drain came first (deepseek-v3 tp 4 pp 32 repeats every 26
+     * micro-steps, and 130 kept of 768 left no room; 170 kept count 598 virtual). */
+    if (most < 0 && whole && sim->extend_or_stop && f->virtual_left > 0 && !f->report.extend_room)
+        f->report.extend_room = c->shift;
     uint64_t periods = MIN(sim_snap_periods_exact(a, c, span, &f->grid_end), physical + virt);
     GArray *times = g_array_new(FALSE, FALSE, sizeof(double));
     GArray *events = g_array_new(FALSE, FALSE, sizeof(Event));
