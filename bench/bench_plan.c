@@ -1,7 +1,8 @@
 /* bench_plan: how fast the planner is — closed-form screenings per second on one core, and the
  * CPU and wall time of a whole `zplan plan` (screen + simulating finalists) for gpt-1t on 1,024
  * A100s, and of the 3D search (pipelines, TP over nodes) for gpt-1t on 4,096 and mt-nlg-530b on
- * 1,024 (uneven pipelines), with the load. */
+ * 1,024 (uneven pipelines), and deepseek-v3's (a mixture of experts) on 256 H100s, with the
+ * load. */
 #include "cli.h"
 #include "zp_search.h"
 #include "zp_util.h"
@@ -212,5 +213,9 @@ int main(void)
     /* 105 blocks: most pipelines uneven (sim_fold's heavy stages' shift), and many plans the
      * search stops early (cli_rank.c: no long schedule where the short run stopped as it) */
     failed |= bench_command("--model mt-nlg-530b --cluster dgx-a100-80g --gpus 1024 --global-batch 1536 --3d", 3);
+    /* A mixture of experts (zp_moe_search): 61 blocks, pipelines over 16 and 32 stages whose
+     * period is none the heavy stages name (cli_rank.c short_again), and the table's
+     * all-to-all from the search's kept runs (cli_moe.c) */
+    failed |= bench_command("--model hf/deepseek-v3 --cluster dgx-h100 --gpus 256 --global-batch 1536 --3d", 3);
     return failed;
 }

@@ -2,6 +2,7 @@
  * experts: where its states go, what a sparse layer routes and buffers, what its all-to-all
  * moves and costs. */
 #include "cli_moe.h"
+#include "cli.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
 #include "zp_ep.h"
@@ -93,11 +94,22 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
     printf("\n");
 }
 
-/* A simulated candidate's all-to-all seconds, as `simulate` reports them (its schedule timed
- * again: the ranking callback gives the step and the memory only); the closed form's where the
- * schedule cannot be built or timed. */
+/* A simulated candidate's all-to-all seconds, as `simulate` reports them: the search's own run
+ * of it, kept (cli_rank_keep: the ranking callback returns the step and the memory only); its
+ * schedule timed again where none was kept; the closed form's where the schedule cannot be
+ * built or timed. Timed again, every printed candidate's whole schedule was built and stepped
+ * a second time, not built short (cli_rank_simulate_short): half of `plan` deepseek-v3 on 256
+ * GPUs' time. */
 static double simulated_alltoall_s(const ZpSearchSpec *spec, const ZpMoeCandidate *c)
 {
+    SimResult *kept = spec->rank == cli_rank_by_simulation
+                          ? cli_rank_take((const CliRankContext *)spec->rank_ctx, &c->plan)
+                          : NULL;
+    if (kept) {
+        const double a2a = kept->alltoall_s;
+        sim_result_free(kept);
+        return a2a;
+    }
     ZpSchedule *s = zp_sched_build(spec->model, &c->plan, NULL);
     if (!s)
         return c->alltoall_s;

@@ -865,7 +865,9 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
     spec.reduce_dtype = a->kernels.reduce_dtype;
     spec.impl = a->impl;
     g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
+    cli_rank_keep(&rank); /* the shortlist's runs, whose all-to-all the table prints */
     const int status = cli_moe_plan(&spec, experts, ep_given, a->top_k, error);
+    cli_rank_clear(&rank);
     return status < 0 ? cli_fail("plan", *error) : status;
 }
 

@@ -438,6 +438,49 @@ static void test_memory_consistency(void)
     g_assert_cmpuint(compared, ==, 12);
 }
 
+/* `plan`'s table and its "Plan 1" line give each simulated candidate's all-to-all from the
+ * search's own run of it (kept, not run again: cli_moe.c simulated_alltoall_s): `simulate
+ * --json` of plan 1 (Mixtral-8x7B on 64 H100s at s 512 with a global batch, a pipeline of 2)
+ * prints the same all-to-all and step. */
+static void test_plan_alltoall_is_simulate(void)
+{
+    const char *common = "--model hf/mixtral-8x7b --cluster dgx-h100 --gpus 64 --seq 512";
+    char *args = g_strdup_printf("plan %s --global-batch 512", common);
+    TuRun r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    int rank, ep, tp, pp, stage, micro, accum;
+    char ckpt[8];
+    const char *row = strstr(r.out, "\n     1 ");
+    g_assert_nonnull(row);
+    g_assert_cmpint(sscanf(row, " %d %d %d %d %d %d %d %7s", &rank, &ep, &tp, &pp, &stage, &micro,
+                           &accum, ckpt), ==, 8);
+    double step_s, a2a_s;
+    const char *line = strstr(r.out, "Plan 1: ");
+    g_assert_nonnull(line);
+    g_assert_nonnull(strstr(line, "a step of "));
+    g_assert_cmpint(sscanf(strstr(line, "a step of "), "a step of %lf", &step_s), ==, 1);
+    g_assert_nonnull(strstr(line, "all-to-all "));
+    g_assert_cmpint(sscanf(strstr(line, "all-to-all "), "all-to-all %lf", &a2a_s), ==, 1);
+    g_test_message("plan 1: EP %d TP %d PP %d stage %d micro %d accum %d %s: step %.3f s, "
+                   "all-to-all %.3f s", ep, tp, pp, stage, micro, accum, ckpt, step_s, a2a_s);
+    g_assert_cmpint(pp, >, 1); /* a pipeline: its search run was built short */
+    char *sim = g_strdup_printf("simulate %s --ep %d --mp %d --pp %d --stage %d --micro-batch %d "
+                                "--grad-accum %d%s --json", common, ep, tp, pp, stage, micro,
+                                accum, strcmp(ckpt, "full") == 0 ? " --checkpoint" : "");
+    json_t *root = tu_zplan_json_fit_or_not(sim);
+    char want[32], got[32];
+    g_snprintf(want, sizeof want, "%.3f", a2a_s);
+    g_snprintf(got, sizeof got, "%.3f", json_number_value(json_object_get(root, "alltoall_s")));
+    g_assert_cmpstr(got, ==, want);
+    g_snprintf(want, sizeof want, "%.3f", step_s);
+    g_snprintf(got, sizeof got, "%.3f", json_number_value(json_object_get(root, "step_time_s")));
+    g_assert_cmpstr(got, ==, want);
+    json_decref(root);
+    g_free(sim);
+    tu_free(&r);
+    g_free(args);
+}
+
 /* plan's shortlist is simulated: Mixtral-8x7B on 64 H100s at s 512, the closed form's 20 best
  * and each EP degree's best 4 timed; the timed come first, those that fit by simulated
  * tokens/s (tokens a step over the simulated step), each step the simulator's own. */
@@ -846,6 +889,7 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/json-round-trip", test_json_round_trip);
     g_test_add_func("/moe-sched/memory-consistency", test_memory_consistency);
     g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
+    g_test_add_func("/moe-sched/plan-alltoall-is-simulate", test_plan_alltoall_is_simulate);
     g_test_add_func("/moe-sched/blocks-not-inventory", test_blocks_not_inventory);
     g_test_add_func("/moe-sched/selective-recompute", test_selective_recompute);
     g_test_add_func("/moe-sched/expert-grad-reduction", test_expert_grad_reduction);
