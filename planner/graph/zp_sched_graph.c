@@ -46,8 +46,12 @@ void zp_sched_memo_drop_layout(ZpSchedMemo *memo)
     if (memo->impl_tensors)
         g_array_unref(memo->impl_tensors);
     g_free(memo->layout);
+    g_free(memo->part_offset);
+    g_free(memo->part_before);
     memo->impl_tensors = NULL;
     memo->layout = NULL;
+    memo->part_offset = NULL;
+    memo->part_before = NULL;
     memo->n_units = 0;
 }
 

@@ -201,12 +201,16 @@ typedef enum {
  * unit elements), which tells when it is stale (each pipeline stage lays its units out anew);
  * and what it reads of the model alone, which no stage changes: the model's tensors
  * (zp_model_tensors) and what their names and units say (zp_impl.c ZpTensorNote, one an
- * entry and one past them, in one block), NULL until asked. */
+ * entry and one past them, in one block), NULL until asked. With impl_tensors, for DeepSpeed's
+ * stage 3 (zp_impl_tensor_part_at): each tensor's offset and the partition elements before it,
+ * tensors + 1 of each (part_before[tensors] the whole), NULL until asked. */
 typedef struct ZpTensorNote ZpTensorNote;
 typedef struct {
     GArray *impl_tensors;
     uint64_t *layout;
     int n_units;
+    uint64_t *part_offset;
+    double *part_before;
     GArray *model_tensors;
     ZpTensorNote *tensor_notes;
 } ZpSchedMemo;

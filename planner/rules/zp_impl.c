@@ -156,6 +156,8 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
         const size_t n = (size_t)s->n_units;
         if (memo->impl_tensors)
             g_array_unref(memo->impl_tensors);
+        g_clear_pointer(&memo->part_offset, g_free); /* zp_impl_tensor_part_at's, of the old */
+        g_clear_pointer(&memo->part_before, g_free);
         memo->impl_tensors = list_tensors(s);
         if (!memo->layout || memo->n_units != s->n_units) { /* a pipeline's next stage: as many */
             g_free(memo->layout);
@@ -166,6 +168,60 @@ GArray *zp_impl_tensors(const ZpSchedule *s)
         memo->n_units = s->n_units;
     }
     return g_array_ref(s->memo->impl_tensors);
+}
+
+/* A tensor's share of a rank's partition: its elements padded to dp, over dp. */
+static double tensor_part_elems(const ZpImplTensor *t, int dp)
+{
+    return (double)(zp_mem_padded_elems(t->elems, (uint64_t)dp) / (uint64_t)dp);
+}
+
+/* The memo's offsets and partition elements before each tensor, where the tensors lie in
+ * ascending offsets (layout order: the builder's); FALSE otherwise (and nothing kept). */
+static gboolean part_index(const ZpSchedule *s, const GArray *tensors)
+{
+    ZpSchedMemo *memo = s->memo;
+    uint64_t *offset = g_new(uint64_t, tensors->len + 1);
+    double *before = g_new(double, tensors->len + 1);
+    before[0] = 0;
+    for (guint i = 0; i < tensors->len; i++) {
+        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+        if (i > 0 && t->offset < offset[i - 1]) {
+            g_free(offset);
+            g_free(before);
+            return FALSE;
+        }
+        offset[i] = t->offset;
+        before[i + 1] = before[i] + tensor_part_elems(t, s->plan.dp); /* the scan's order */
+    }
+    memo->part_offset = offset;
+    memo->part_before = before;
+    return TRUE;
+}
+
+double zp_impl_tensor_part_at(const ZpSchedule *s, uint64_t lo)
+{
+    GArray *tensors = zp_impl_tensors(s);
+    double at = 0;
+    if (s->memo && (s->memo->part_before || part_index(s, tensors))) {
+        guint first = 0, end = tensors->len; /* the first tensor at or past lo */
+        while (first < end) {
+            const guint mid = first + (end - first) / 2;
+            if (s->memo->part_offset[mid] < lo)
+                first = mid + 1;
+            else
+                end = mid;
+        }
+        at = s->memo->part_before[first];
+    } else {
+        for (guint i = 0; i < tensors->len; i++) {
+            const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
+            if (t->offset < lo)
+                at += tensor_part_elems(t, s->plan.dp);
+        }
+    }
+    g_array_unref(tensors);
+    return at;
 }
 
 /* What list_tensors reads of a tensor's name, worked out once for the model: whether it is

@@ -359,6 +359,13 @@ typedef struct {
  * change it: it may be the one kept with the schedule). */
 GArray *zp_impl_tensors(const ZpSchedule *s);
 
+/* DeepSpeed's stage 3: where the tensor at flat offset lo begins in a rank's partition, each
+ * tensor before it padded to dp (partition_parameters.py _partition_param): the elements of
+ * the tensors below lo. During a build, by a binary search over the memo's sums (the
+ * tensors' offsets ascend); a scan of every tensor, once per gather of each micro-step, was a
+ * third of `plan --3d` gpt-1t on 64 A100s, whose plans keep some sub-groups on the host. */
+double zp_impl_tensor_part_at(const ZpSchedule *s, uint64_t lo);
+
 /* Stages 1-2: the flat range [*lo, *hi) that DeepSpeed's grads_in_partition spans on `rank`
  * (stage_1_and_2.py get_partition_info's params_in_partition: the whole tensors that overlap
  * the rank's partition), widened to the partition itself (its padding included). */

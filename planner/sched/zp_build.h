@@ -361,7 +361,6 @@ uint32_t zp_build_qgz_by_tensor(Builder *b, Bucket *k, int unit, int micro, uint
 
 /* ---- zp_build_offload.c ---- */
 
-double zp_build_tensor_part_at(const ZpSchedule *s, uint64_t lo);
 uint32_t zp_build_offload_grad_slice(Builder *b, const Bucket *k, int unit, int micro);
 uint32_t zp_build_cpu_optimizer_step(Builder *b, double elems, GArray *launched, uint32_t gpu_opt);
 

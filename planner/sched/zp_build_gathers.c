@@ -202,7 +202,7 @@ static void cost_call(const Builder *b, Gather *c)
         for (guint k = 0; k < c->n; k++) {
             double nvme, h2d;
             zp_offload_fetch(&s->plan, (double)c[k].fetch.elems / s->plan.dp,
-                             zp_build_tensor_part_at(s, c[k].fetch.offset), part, &nvme, &h2d);
+                             zp_impl_tensor_part_at(s, c[k].fetch.offset), part, &nvme, &h2d);
             nvme_bytes += nvme, h2d_bytes += h2d;
         }
     } else {

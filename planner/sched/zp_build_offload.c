@@ -15,25 +15,9 @@
  * and comes back up (grad_buffer.to(device)) at micro-step 0; later ones bring the 16-bit
  * sum up, add on the GPU and copy it down again; at the last micro-step the sum goes down
  * once more as fp32 (_offload_grad_partition_at_boundary). */
-/* DeepSpeed's stage 3: where the tensor at flat offset lo begins in a rank's partition,
- * each tensor before it padded to dp (partition_parameters.py _partition_param). */
-double zp_build_tensor_part_at(const ZpSchedule *s, uint64_t lo)
-{
-    GArray *tensors = zp_impl_tensors(s);
-    double at = 0;
-    for (guint i = 0; i < tensors->len; i++) {
-        const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
-        if (t->offset < lo)
-            at += (double)(zp_mem_padded_elems(t->elems, (uint64_t)s->plan.dp) /
-                           (uint64_t)s->plan.dp);
-    }
-    g_array_unref(tensors);
-    return at;
-}
-
 static double partial_d2h_bytes(const ZpSchedule *s, uint64_t lo, double elems)
 {
-    const double at = zp_build_tensor_part_at(s, lo);
+    const double at = zp_impl_tensor_part_at(s, lo);
     const double gpu = zp_offload_gpu_elems(&s->plan, (double)s->partition_elems);
     return fmax(0.0, at + elems - fmax(at, gpu)) * 4.0;
 }
