@@ -27,7 +27,8 @@ void tu_free(TuRun *run);
 
 /* This process's environment for mpirun (g_strfreev it): as root too, one BLAS thread a rank,
  * Open MPI's ob1 pml named and a failed job torn down without pausing, unless the environment
- * names its own OMPI_MCA_odls_base_sigkill_timeout (a test of stopped ranks: tu_stopped_teardown). */
+ * names its own OMPI_MCA_odls_base_sigkill_timeout (a test of stopped ranks:
+ * tu_stopped_teardown). */
 char **tu_mpirun_environ(void);
 
 /* For the tests whose ranks are stopped or killed: mpirun's default teardown of a failed job
