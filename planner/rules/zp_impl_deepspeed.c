@@ -659,24 +659,14 @@ static void ds_step_buffers(const ZpSchedule *s, GArray *buffers)
     }
 }
 
-/* zp_model_tensors of `one`, kept for the next call while the model asked is the same: the
- * search's screen asks ds_residual at every plan it measures, all of one model, and each
+/* zp_model_tensors of `one`, kept while the model asked is the same (zp_model_tensors_kept):
+ * the search's screen asks ds_residual at every plan it measures, all of one model, and each
  * call listed the one-block table anew (plan --3d gpt-1t/4096: 5,616 tables, 47 M
- * instructions). The table is a function of the model's fields alone (zp_model_arch.c's
- * rows; the names are static strings), and a ZpModel holds no pointer, so a model equal
- * byte for byte lists the same table. One entry, replaced when another model comes; the
- * planner runs on one thread. The caller does not free the table. */
+ * instructions). The caller does not free the table. */
 static const GArray *one_block_tensors(const ZpModel *one)
 {
-    static ZpModel kept_model;
-    static GArray *kept;
-    if (!kept || memcmp(&kept_model, one, sizeof *one) != 0) {
-        if (kept)
-            g_array_unref(kept);
-        kept = zp_model_tensors(one);
-        memcpy(&kept_model, one, sizeof *one);
-    }
-    return kept;
+    static ZpModelTensorsKept kept; /* its own: the offload rules keep the whole model's */
+    return zp_model_tensors_kept(&kept, one);
 }
 
 /* Elements kept whole per rank under per-parameter persistence (the tensors of the embedding,

@@ -176,24 +176,13 @@ static void optimizer_offload(const ZpModel *model, const ZpPlan *plan, double p
                            : 0.0);
 }
 
-/* zp_model_tensors of `model`, kept for the next call while the model asked is the same, as
- * zp_impl_deepspeed.c one_block_tensors keeps its one-block table: the search's screen asks
- * the swap buffers and stage 2's accumulation of every offload plan it measures, all of one
- * model, and each call listed the model's tensors anew (plan --3d gpt-1t on 64 A100s: 7,500
- * lists, 1.6e9 of its 28e9 instructions). A ZpModel holds no pointer, so a model equal byte
- * for byte lists the same table. One entry; the planner runs on one thread. The caller does
- * not free the table. */
+/* The model's tensors, kept (zp_model_tensors_kept): the search's screen asks the swap buffers
+ * and stage 2's accumulation of every offload plan it measures, all of one model, and each
+ * call listed them anew (plan --3d gpt-1t on 64 A100s: 7,500 lists). */
 static const GArray *model_tensors(const ZpModel *model)
 {
-    static ZpModel kept_model;
-    static GArray *kept;
-    if (!kept || memcmp(&kept_model, model, sizeof *model) != 0) {
-        if (kept)
-            g_array_unref(kept);
-        kept = zp_model_tensors(model);
-        memcpy(&kept_model, model, sizeof *model);
-    }
-    return kept;
+    static ZpModelTensorsKept kept;
+    return zp_model_tensors_kept(&kept, model);
 }
 
 double zp_offload_param_swap_buffer_elems(const ZpModel *model, const ZpPlan *plan, double part)

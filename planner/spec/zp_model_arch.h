@@ -197,6 +197,18 @@ uint64_t zp_model_tensor_tp_elems(const ZpModel *model, const ZpTensor *tensor, 
 /* The model's tensors in layout order; caller frees with g_array_unref. */
 GArray *zp_model_tensors(const ZpModel *model);
 
+/* zp_model_tensors of the model last asked, kept in `kept` (a caller's own, zero at first):
+ * listed again only when another model comes. The table is a function of the model's fields
+ * alone (the rows' names are static strings), and a ZpModel holds no pointer, so a model
+ * equal byte for byte lists the same table. For callers that ask of one model at every plan
+ * a search screens; the planner runs on one thread. The caller does not free the table; it
+ * lives until `kept` is asked of another model. */
+typedef struct {
+    ZpModel model;
+    GArray *tensors;
+} ZpModelTensorsKept;
+const GArray *zp_model_tensors_kept(ZpModelTensorsKept *kept, const ZpModel *model);
+
 
 /* The spec as a JSON object (the keys of models/NAME.json); NULL for a params-only model. */
 void *zp_model_to_json(const ZpModel *model);
