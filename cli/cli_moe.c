@@ -95,30 +95,20 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
 }
 
 /* A simulated candidate's all-to-all seconds, as `simulate` reports them: the search's own run
- * of it, kept (cli_rank_keep: the ranking callback returns the step and the memory only); its
- * schedule timed again where none was kept; the closed form's where the schedule cannot be
- * built or timed. Timed again, every printed candidate's whole schedule was built and stepped
- * a second time, not built short (cli_rank_simulate_short): half of `plan` deepseek-v3 on 256
- * GPUs' time. */
+ * of it, kept (cli_rank_keep: the ranking callback returns the step and the memory only), or
+ * where none was kept a run as the search makes one (cli_rank_simulate: built short where the
+ * fold counts the rest); the closed form's where the schedule cannot be built or timed. Each
+ * printed candidate's whole schedule built and stepped again was half of `plan` deepseek-v3
+ * on 256 GPUs' time. */
 static double simulated_alltoall_s(const ZpSearchSpec *spec, const ZpMoeCandidate *c)
 {
-    SimResult *kept = spec->rank == cli_rank_by_simulation
-                          ? cli_rank_take((const CliRankContext *)spec->rank_ctx, &c->plan)
-                          : NULL;
-    if (kept) {
-        const double a2a = kept->alltoall_s;
-        sim_result_free(kept);
-        return a2a;
-    }
-    ZpSchedule *s = zp_sched_build(spec->model, &c->plan, NULL);
-    if (!s)
-        return c->alltoall_s;
-    const SimOptions options = {.mode = SIM_MODE_FOLDED};
-    SimResult *r = sim_engine_run(s, spec->hw, &options, NULL);
+    SimResult *r = spec->rank == cli_rank_by_simulation
+                       ? cli_rank_take((const CliRankContext *)spec->rank_ctx, &c->plan)
+                       : NULL;
+    if (!r)
+        r = cli_rank_simulate(spec->model, spec->hw, &c->plan, 0, NULL, NULL);
     const double a2a = r ? r->alltoall_s : c->alltoall_s;
-    if (r)
-        sim_result_free(r);
-    zp_sched_free(s);
+    sim_result_free(r);
     return a2a;
 }
 

@@ -128,19 +128,24 @@ static inline uint64_t zp_gcd_u64(uint64_t a, uint64_t b)
     return a;
 }
 
-/* The first index of the ascending v[0, n) whose value is at least x (n: none). */
-static inline guint zp_lower_bound_u32(const uint32_t *v, guint n, uint32_t x)
-{
-    guint lo = 0, hi = n;
-    while (lo < hi) {
-        const guint mid = lo + (hi - lo) / 2;
-        if (v[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
+/* The first index of the ascending v[0, n) whose value is at least x (n: none), of 32-bit
+ * values (an op's index) and of 64-bit ones (a tensor's flat offset: zp_impl_tensor_part_at):
+ * one body for both. */
+#define ZP_LOWER_BOUND(name, type)                                                               \
+    static inline guint name(const type *v, guint n, type x)                                     \
+    {                                                                                            \
+        guint lo = 0, hi = n;                                                                    \
+        while (lo < hi) {                                                                        \
+            const guint mid = lo + (hi - lo) / 2;                                                \
+            if (v[mid] < x)                                                                      \
+                lo = mid + 1;                                                                    \
+            else                                                                                 \
+                hi = mid;                                                                        \
+        }                                                                                        \
+        return lo;                                                                               \
     }
-    return lo;
-}
+ZP_LOWER_BOUND(zp_lower_bound_u32, uint32_t)
+ZP_LOWER_BOUND(zp_lower_bound_u64, uint64_t)
 
 /* Has glibc's malloc keep freed memory for the next allocation (mallopt M_MMAP_THRESHOLD and
  * M_TRIM_THRESHOLD at 1 GiB) instead of handing each large block back to the kernel, which

@@ -204,15 +204,8 @@ double zp_impl_tensor_part_at(const ZpSchedule *s, uint64_t lo)
     GArray *tensors = zp_impl_tensors(s);
     double at = 0;
     if (s->memo && (s->memo->part_before || part_index(s, tensors))) {
-        guint first = 0, end = tensors->len; /* the first tensor at or past lo */
-        while (first < end) {
-            const guint mid = first + (end - first) / 2;
-            if (s->memo->part_offset[mid] < lo)
-                first = mid + 1;
-            else
-                end = mid;
-        }
-        at = s->memo->part_before[first];
+        /* the tensors below lo: those before the first at or past it */
+        at = s->memo->part_before[zp_lower_bound_u64(s->memo->part_offset, tensors->len, lo)];
     } else {
         for (guint i = 0; i < tensors->len; i++) {
             const ZpImplTensor *t = &g_array_index(tensors, ZpImplTensor, i);
