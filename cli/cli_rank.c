@@ -163,9 +163,7 @@ int cli_rank_short_by(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
 static SimResult *run_short(const ZpModel *model, const ZpHw *hw, const ZpPlan *plan,
                             const SimOptions *base, int k, ZpSchedule **sched)
 {
-    ZpPlan shorter = *plan;
-    shorter.grad_accum -= k;
-    *sched = zp_sched_build(model, &shorter, NULL);
+    *sched = zp_sched_build_short(model, plan, k, NULL);
     if (!*sched)
         return NULL;
     SimOptions options = *base;

@@ -46,7 +46,10 @@ void zp_inventory_dims(const ZpModel *m, const ZpPlan *p, ZpInvDims *d)
      * batched GEMMs and softmax here (zp_plan_attention_rated). */
     d->fused = zp_plan_attention_rated(p);
     d->main_grad = !p->no_main_grad;
-    d->accum_share = p->grad_accum > 1 ? (double)(p->grad_accum - 1) / p->grad_accum : 0.0;
+    /* Over the step's micro-steps, not a short schedule's (zp_sched_build_short): a
+     * micro-step's ops are the same in both. */
+    const int micro_steps = zp_plan_step_grad_accum(p);
+    d->accum_share = micro_steps > 1 ? (double)(micro_steps - 1) / micro_steps : 0.0;
     d->attention_share = d->fused ? zp_model_attention_share(m) : 1.0;
 }
 

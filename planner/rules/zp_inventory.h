@@ -56,7 +56,8 @@ typedef struct {
     gboolean head_shares_table; /* the tied word embedding and the head on one rank (no
                                  * pipeline): one parameter, both gradients summed by autograd */
     double accum_share; /* of the micro-steps that add a gradient into an existing one:
-                         * (grad_accum - 1) / grad_accum (the first assigns it) */
+                         * (grad_accum - 1) / grad_accum (the first assigns it), over the
+                         * step's micro-steps (zp_plan_step_grad_accum) */
     double attention_share; /* of the s^2 pairs a fused kernel computes (sliding windows) */
     gboolean amp;     /* torch.autocast over fp32 parameters: the inventory's own (autocast) */
 } ZpInvDims;

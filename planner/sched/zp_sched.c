@@ -90,6 +90,8 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "mp: the tensor-parallel degree must divide the attention heads";
     else if (p->micro_batch < 1 || p->grad_accum < 1)
         bad = "micro-batch/grad-accum: must be at least 1";
+    else if (p->step_grad_accum != 0 && p->step_grad_accum < p->grad_accum)
+        bad = "step_grad_accum: the step's micro-steps, at least the schedule's grad-accum";
     /* DeepSpeed takes 0 for the reduce bucket (every parameter then bypasses it) and the
      * stage-3 sizes (no prefetch, nothing persistent, nothing kept live ahead), but divides by
      * allgather_bucket_size (runtime/utils.py all_gather_dp_groups). */
@@ -511,6 +513,21 @@ static ZpSchedule *build(const ZpModel *model, const ZpPlan *plan, gboolean fast
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error)
 {
     return build(model, plan, TRUE, error);
+}
+
+ZpSchedule *zp_sched_build_short(const ZpModel *model, const ZpPlan *plan, int shorter,
+                                 GError **error)
+{
+    if (shorter <= 0 || shorter >= plan->grad_accum) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "grad-accum: %d micro-steps cannot be built %d short", plan->grad_accum,
+                    shorter);
+        return NULL;
+    }
+    ZpPlan short_plan = *plan;
+    short_plan.step_grad_accum = zp_plan_step_grad_accum(plan);
+    short_plan.grad_accum -= shorter;
+    return build(model, &short_plan, TRUE, error);
 }
 
 ZpSchedule *zp_sched_build_op_by_op(const ZpModel *model, const ZpPlan *plan, GError **error)

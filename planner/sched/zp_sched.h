@@ -37,6 +37,13 @@ typedef struct {
 /* Builds the schedule of one optimizer step (grad_accum micro-steps) for a rank.
  * The model must have an architecture. Fails naming the plan field that is invalid. */
 ZpSchedule *zp_sched_build(const ZpModel *model, const ZpPlan *plan, GError **error);
+/* The plan's schedule built `shorter` micro-steps short (0 < shorter < grad_accum): the long
+ * one's with whole steady periods fewer, op for op, every op costing what the long one's does
+ * (ZpPlan.step_grad_accum): what the fold extends by virtual periods (SimOptions.
+ * extend_micro_steps). The builder's schedule of m micro-steps is its schedule of m - k with
+ * whole steady periods inserted (tests/test_sim_extend.c). */
+ZpSchedule *zp_sched_build_short(const ZpModel *model, const ZpPlan *plan, int shorter,
+                                 GError **error);
 /* zp_sched_build with every op written through the emitters one by one: no block written in
  * one pass (Builder.blocks_direct), no pipeline action written again from the last of its kind
  * (zp_build_replay): the schedule zp_sched_build must equal, op for op (tests). */

@@ -203,6 +203,12 @@ typedef struct {
      * schedule the run-ahead's bound is taken from and checked against. Not in the plan's
      * JSON. */
     gboolean no_runahead;
+    /* The micro-steps of the step a schedule built short stands for (zp_sched_build_short: the
+     * fold counts the missing steady periods as virtual ones, sim_fold.c), which a cost
+     * averaged over the step's micro-steps is taken over (ZpInvDims.accum_share), so that each
+     * micro-step's ops cost what the long schedule's do. 0: grad_accum. Not in the plan's
+     * JSON. */
+    int step_grad_accum;
 } ZpPlan;
 
 /* The expert-parallel degree and the router's skew: at least 1 each. */
@@ -213,6 +219,12 @@ static inline int zp_plan_ep(const ZpPlan *plan)
 static inline double zp_plan_expert_skew(const ZpPlan *plan)
 {
     return plan->experts.skew > 1 ? plan->experts.skew : 1.0;
+}
+
+/* The micro-steps of the step the plan's schedule stands for (ZpPlan.step_grad_accum). */
+static inline int zp_plan_step_grad_accum(const ZpPlan *plan)
+{
+    return plan->step_grad_accum > 0 ? plan->step_grad_accum : plan->grad_accum;
 }
 
 /* Pipeline stages P and model chunks per stage V of a plan: at least 1 each. */
