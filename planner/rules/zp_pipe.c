@@ -142,6 +142,17 @@ G_ALWAYS_INLINE static inline void interleaved_push(Actions *a, Interleaved *c, 
     }
 }
 
+int zp_pipe_warmup(ZpPipeSchedule schedule, int stages, int virtual_stages, int micro, int stage)
+{
+    const int P = stages, m = MAX(micro, 0);
+    if (schedule == ZP_PIPE_GPIPE)
+        return m;
+    if (schedule == ZP_PIPE_1F1B)
+        return MIN(P - stage - 1, m);
+    const int V = MAX(virtual_stages, 1), total = m * V;
+    return m == P ? total : MIN((P - stage - 1) * 2 + (V - 1) * P, total);
+}
+
 GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages, int micro,
                         int stage)
 {
@@ -162,7 +173,7 @@ GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages,
         return listed(a);
     }
     if (schedule == ZP_PIPE_1F1B) {
-        const int warmup = MIN(P - stage - 1, m);
+        const int warmup = zp_pipe_warmup(schedule, P, 1, m, stage);
         for (int i = 0; i < warmup; i++)
             push(a, i, stage, FALSE);
         for (int i = 0; i < m - warmup; i++) {
@@ -174,7 +185,7 @@ GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages,
         return listed(a);
     }
     const int V = virtual_stages, total = m * V;
-    const int warmup = m == P ? total : MIN((P - stage - 1) * 2 + (V - 1) * P, total);
+    const int warmup = zp_pipe_warmup(schedule, P, V, m, stage);
     Interleaved fwd = interleaved_at(0, P, V), bwd = fwd; /* the next forward's, backward's k */
     for (int k = 0; k < warmup; k++)
         interleaved_push(a, &fwd, P, V, stage, FALSE);

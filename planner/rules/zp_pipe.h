@@ -47,6 +47,10 @@ int zp_pipe_heavy_stages(const ZpModel *model, const ZpPlan *plan);
  *                warm-up forwards (all of them when m = P). */
 GArray *zp_pipe_actions(ZpPipeSchedule schedule, int stages, int virtual_stages, int micro,
                         int stage);
+/* The warm-up forwards zp_pipe_actions lists first for that stage, before the forwards that
+ * each pair with the backward after them (1F1B's and the interleaved schedule's steady state):
+ * every forward for GPipe. */
+int zp_pipe_warmup(ZpPipeSchedule schedule, int stages, int virtual_stages, int micro, int stage);
 
 /* Fails naming the flag (--pp, --virtual-stages, --pp-schedule, --grad-accum) when the pipeline
  * configuration cannot run: interleaving needs V >= 2 and m a multiple of P (Megatron's

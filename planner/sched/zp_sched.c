@@ -148,14 +148,19 @@ static void exchange_waited(Builder *b, int chunk, int micro, ZpP2pKind dir)
         b->host_sync = b->send_op[zp_build_send_key(b, chunk, micro, dir)];
 }
 
-/* ZpPlan p2p_sync under the interleaved schedule: an exchange also receives the gradients of
- * the backward after the next action (`after_next`), and the next action waits for them too
- * (send_forward_backward_recv_forward_backward waits for all four requests). */
-static void exchange_received(Builder *b, const ZpPipeAction *next, const ZpPipeAction *after_next)
+/* ZpPlan p2p_sync under the interleaved schedule: an exchange before a steady forward (the
+ * last warm-up one's, and each steady backward's) also receives the gradients of the
+ * backward after it (`after_next`), and that forward waits for them too
+ * (send_forward_backward_recv_forward_backward waits for all four requests). Not where
+ * every forward is warm-up (m = P): each exchange then only sends and receives forward
+ * (send_forward_recv_forward), and the last forward waiting on the first backward's
+ * gradients deadlocked the step. */
+static void exchange_received(Builder *b, const ZpPipeAction *next, gboolean next_steady,
+                              const ZpPipeAction *after_next)
 {
     const ZpPlan *plan = &b->s->plan;
     if (!plan->p2p_sync || plan->pipe.schedule != ZP_PIPE_INTERLEAVED || !next ||
-        next->backward || !after_next || !after_next->backward ||
+        next->backward || !next_steady || !after_next || !after_next->backward ||
         after_next->chunk == b->n_chunks - 1)
         return;
     b->recv_key_sync = zp_build_send_key(b, after_next->chunk + 1, after_next->micro,
@@ -165,13 +170,17 @@ static void exchange_received(Builder *b, const ZpPipeAction *next, const ZpPipe
 /* One action of the stage: a forward (with the head on the last chunk) and the send of its
  * output, or a backward and the send of its input gradients, each first waiting for the
  * neighbour's send when there is one. `next`, `after_next`: the stage's actions after it, or
- * NULL. With p2p_sync, the interleaved steady state's forward sends its output after the
+ * NULL; `k`: its index in the stage's actions less the warm-up forwards (zp_pipe_warmup):
+ * from 0 a forward is a steady one, paired with the backward after it. With p2p_sync, the interleaved steady state's forward sends its output after the
  * backward that follows it, in that backward's exchange (Megatron-LM de7dc40f
  * megatron/schedules.py forward_backward_pipelining_with_interleaving: forward_step_helper,
- * backward_step_helper, then send_forward_backward_recv_forward_backward). */
-static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *next,
-                       const ZpPipeAction *after_next, Activations *a, GArray *deps,
-                       GArray *launched)
+ * backward_step_helper, then send_forward_backward_recv_forward_backward); a warm-up forward
+ * sends at once (send_forward_recv_forward), the last one too where every forward is warm-up
+ * (m = P, all_warmup_microbatches): deferred behind the backward that waits on it, it
+ * deadlocked the step. */
+static void run_action(Builder *b, const ZpPipeAction *x, int64_t k,
+                       const ZpPipeAction *next, const ZpPipeAction *after_next, Activations *a,
+                       GArray *deps, GArray *launched)
 {
     const ZpPlan *plan = &b->s->plan;
     const Range r = {b->first_unit[x->chunk], b->first_unit[x->chunk + 1]};
@@ -192,15 +201,15 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
                           plan->backend_workspace && zp_plan_pp(plan) > 1 &&
                               (!next || next->micro != x->micro),
                           deps, launched);
-        } else if (plan->p2p_sync && plan->pipe.schedule == ZP_PIPE_INTERLEAVED && next &&
-                   next->backward) {
+        } else if (plan->p2p_sync && plan->pipe.schedule == ZP_PIPE_INTERLEAVED && k >= 0 &&
+                   next && next->backward) {
             b->deferred_chunk = x->chunk, b->deferred_micro = x->micro;
             b->deferred_unit = r.hi - 1;
         } else {
             zp_build_send(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT, r.hi - 1);
             exchange_waited(b, x->chunk, x->micro, ZP_P2P_SEND_NEXT);
         }
-        exchange_received(b, next, after_next);
+        exchange_received(b, next, k + 1 >= 0, after_next);
         return;
     }
     b->recv_key = !last ? zp_build_send_key(b, x->chunk + 1, x->micro, ZP_P2P_SEND_PREV) : -1;
@@ -217,7 +226,7 @@ static void run_action(Builder *b, const ZpPipeAction *x, const ZpPipeAction *ne
         exchange_waited(b, b->deferred_chunk, b->deferred_micro, ZP_P2P_SEND_NEXT);
         b->deferred_chunk = -1;
     }
-    exchange_received(b, next, after_next);
+    exchange_received(b, next, k + 1 >= 0, after_next);
 }
 
 /* Pa+cpu: the host tier holds a block's checkpoint slice of a micro-step from its forward
@@ -286,11 +295,16 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     }
     if (b->replay)
         zp_build_replay_reset(b->replay, b);
+    /* The warm-up forwards come first in the list (zp_pipe_actions) */
+    const guint warmup = P > 1 ? (guint)zp_pipe_warmup(plan->pipe.schedule, P,
+                                                       zp_plan_vstages(plan), plan->grad_accum,
+                                                       b->stage)
+                               : 0;
     for (guint i = 0; i < actions->len; i++) {
         const ZpPipeAction *x = &g_array_index(actions, ZpPipeAction, i);
         if (b->replay && zp_build_replay(b->replay, b, a, x))
             continue;
-        run_action(b, x,
+        run_action(b, x, (int64_t)i - (int64_t)warmup,
                    i + 1 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 1) : NULL,
                    i + 2 < actions->len ? &g_array_index(actions, ZpPipeAction, i + 2) : NULL, a,
                    deps, launched);
