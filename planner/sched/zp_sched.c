@@ -171,13 +171,14 @@ static void exchange_received(Builder *b, const ZpPipeAction *next, gboolean nex
  * output, or a backward and the send of its input gradients, each first waiting for the
  * neighbour's send when there is one. `next`, `after_next`: the stage's actions after it, or
  * NULL; `k`: its index in the stage's actions less the warm-up forwards (zp_pipe_warmup):
- * from 0 a forward is a steady one, paired with the backward after it. With p2p_sync, the interleaved steady state's forward sends its output after the
- * backward that follows it, in that backward's exchange (Megatron-LM de7dc40f
- * megatron/schedules.py forward_backward_pipelining_with_interleaving: forward_step_helper,
- * backward_step_helper, then send_forward_backward_recv_forward_backward); a warm-up forward
- * sends at once (send_forward_recv_forward), the last one too where every forward is warm-up
- * (m = P, all_warmup_microbatches): deferred behind the backward that waits on it, it
- * deadlocked the step. */
+ * from 0 a forward is a steady one, paired with the backward after it. With p2p_sync, the
+ * interleaved steady state's forward sends its output after the backward that follows it, in
+ * that backward's exchange (Megatron-LM de7dc40f megatron/schedules.py
+ * forward_backward_pipelining_with_interleaving: forward_step_helper, backward_step_helper,
+ * then send_forward_backward_recv_forward_backward); a warm-up forward sends at once
+ * (send_forward_recv_forward), the last one too where every forward is warm-up (m = P,
+ * all_warmup_microbatches): deferred behind the backward that waits on it, it deadlocked the
+ * step. */
 static void run_action(Builder *b, const ZpPipeAction *x, int64_t k,
                        const ZpPipeAction *next, const ZpPipeAction *after_next, Activations *a,
                        GArray *deps, GArray *launched)
@@ -295,7 +296,7 @@ static void build_stage(Builder *b, Activations *a, GArray *deps, GArray *launch
     }
     if (b->replay)
         zp_build_replay_reset(b->replay, b);
-    /* The warm-up forwards come first in the list (zp_pipe_actions) */
+    /* The warm-up forwards come first in the list (zp_pipe_actions). */
     const guint warmup = P > 1 ? (guint)zp_pipe_warmup(plan->pipe.schedule, P,
                                                        zp_plan_vstages(plan), plan->grad_accum,
                                                        b->stage)
