@@ -3,7 +3,9 @@
  * .png) whose title states what it assumes and where what does not fit stays visible. */
 #include "cli.h"
 #include "cli_progress.h"
+#include "sim_engine.h"
 #include "zp_mem.h"
+#include "zp_moe_search.h"
 #include "zp_outpath.h"
 #include "zp_util.h"
 
@@ -133,6 +135,52 @@ static char *options_cell(const ZpPlan *plan)
     return cell;
 }
 
+/* The closed form's fitting plans of a stage a mixture of experts' point simulates, at most,
+ * where none its search's shortlist timed fits (zp_moe_search_simulate_stages): a plan the
+ * closed form says fits but the allocator replay does not (stage 3's gathers) is followed by
+ * its next best. */
+#define SWEEP_MOE_TRIES 16
+
+/* A mixture of experts at one point: its own search as `zplan plan` runs it (zp_moe_search:
+ * EP, TP, stage, micro-batch, checkpointing; dropless, no skew), each stage's best fitting
+ * plan judged by the simulator, and that plan's model TFLOP/s per GPU as `simulate` reports
+ * it (its schedule's model FLOPs over the step: a sparse block's routed experts included). */
+static gboolean moe_tflops_row(const ZpSearchSpec *spec, CliRankContext *rank, SweepRow *row,
+                               GError **error)
+{
+    cli_rank_keep(rank); /* the runs the rows' FLOPs are read from */
+    GArray *all = zp_moe_search_run(spec, 1.0, 0.0, error);
+    if (!all) {
+        cli_rank_clear(rank);
+        return FALSE;
+    }
+    zp_moe_search_simulate(spec, all, 1);
+    zp_moe_search_simulate_stages(spec, all, SWEEP_MOE_TRIES);
+    for (int stage = 0; stage <= 3; stage++) {
+        row->stage[stage] = NAN;
+        for (guint i = 0; i < all->len; i++) { /* the simulated ones first, the best first */
+            const ZpMoeCandidate *c = &g_array_index(all, ZpMoeCandidate, i);
+            if (c->plan.zero.stage != stage || !c->simulated || !c->fits)
+                continue;
+            SimResult *r = cli_rank_take(rank, &c->plan);
+            if (!r)
+                r = cli_rank_simulate(spec->model, spec->hw, &c->plan, 0, NULL, NULL);
+            if (r && r->step_time_s > 0) {
+                row->stage[stage] = r->model_flops / r->step_time_s / 1e12;
+                char *cell = options_cell(&c->plan);
+                row->options[stage] = g_strdup_printf("%s%sEP %d", cell, *cell ? " + " : "",
+                                                      zp_plan_ep(&c->plan));
+                g_free(cell);
+            }
+            sim_result_free(r);
+            break;
+        }
+    }
+    g_array_unref(all);
+    cli_rank_clear(rank);
+    return TRUE;
+}
+
 static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError **error)
 {
     ZpModel model;
@@ -152,6 +200,8 @@ static gboolean tflops_row(const SweepArgs *a, double x, SweepRow *row, GError *
     spec.reduce_dtype = a->kernels.reduce_dtype;
     g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     spec.exclude = CLI_LOSSY_ZEROPP;
+    if (zp_moe_enabled(&model.moe))
+        return moe_tflops_row(&spec, &rank, row, error);
     ZpSearchResult r;
     if (!zp_search_run(&spec, &r, error)) {
         zp_search_result_clear(&r);

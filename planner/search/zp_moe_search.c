@@ -298,6 +298,48 @@ static gint by_simulation(gconstpointer a, gconstpointer b)
     return by_merit(a, b);
 }
 
+/* x timed by the simulator: its step, memory and fit become its schedule's. */
+static void simulate_one(const ZpSearchSpec *spec, ZpMoeCandidate *x)
+{
+    double step_s = 0, need = 0;
+    GError *error = NULL;
+    x->simulated = TRUE;
+    x->closed_step_s = x->step_s, x->closed_memory_bytes = x->memory_bytes;
+    if (!spec->rank(&x->plan, spec->rank_ctx, 0, &step_s, &need, &error)) {
+        g_clear_error(&error); /* a plan the simulator refuses runs nowhere */
+        x->fits = FALSE;
+        return;
+    }
+    x->step_s = step_s;
+    x->memory_bytes = need + spec->hw->runtime_reserve_bytes; /* as simulate's need */
+    x->fits = need <= spec->hw->gpu_memory_bytes;
+    x->tokens_per_s = (double)x->plan.dp * x->plan.micro_batch * x->plan.grad_accum *
+                      (double)spec->model->seq_len / step_s;
+}
+
+guint zp_moe_search_simulate_stages(const ZpSearchSpec *spec, GArray *c, guint tries)
+{
+    if (!spec->rank)
+        return 0;
+    guint timed = 0, tried[4] = {0};
+    gboolean found[4] = {FALSE};
+    for (guint i = 0; i < c->len; i++) { /* the simulated first, then the closed form's order */
+        ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        const int stage = x->plan.zero.stage;
+        if (!x->fits || stage < 0 || stage > 3 || found[stage])
+            continue;
+        if (!x->simulated) {
+            if (tried[stage]++ >= tries)
+                continue;
+            simulate_one(spec, x);
+            timed++;
+        }
+        found[stage] = x->fits;
+    }
+    g_array_sort(c, by_simulation);
+    return timed;
+}
+
 guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *c, guint top)
 {
     if (!spec->rank)
@@ -318,21 +360,8 @@ guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *c, guint top)
         if (fitting++ >= top && of_ep >= ZP_MOE_SIMULATED_PER_EP &&
             of_pp >= ZP_MOE_SIMULATED_PER_EP)
             continue;
-        double step_s = 0, need = 0;
-        GError *error = NULL;
-        x->simulated = TRUE;
-        x->closed_step_s = x->step_s, x->closed_memory_bytes = x->memory_bytes;
+        simulate_one(spec, x);
         timed++;
-        if (!spec->rank(&x->plan, spec->rank_ctx, 0, &step_s, &need, &error)) {
-            g_clear_error(&error); /* a plan the simulator refuses runs nowhere */
-            x->fits = FALSE;
-            continue;
-        }
-        x->step_s = step_s;
-        x->memory_bytes = need + spec->hw->runtime_reserve_bytes; /* as simulate's need */
-        x->fits = need <= spec->hw->gpu_memory_bytes;
-        x->tokens_per_s = (double)x->plan.dp * x->plan.micro_batch * x->plan.grad_accum *
-                          (double)spec->model->seq_len / step_s;
     }
     g_hash_table_destroy(per_ep);
     g_hash_table_destroy(per_pp);

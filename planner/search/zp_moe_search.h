@@ -42,5 +42,10 @@ GArray *zp_moe_search_run(const ZpSearchSpec *spec, double skew, double capacity
  * its closed form and does not fit. */
 guint zp_moe_search_simulate(const ZpSearchSpec *spec, GArray *candidates, guint top);
 #define ZP_MOE_SIMULATED_PER_EP 4
+/* The same for each ZeRO stage's best (`zplan sweep`'s): where no candidate of the stage the
+ * simulator timed fits, its fitting ones in the closed form's order are timed until one fits
+ * when simulated, `tries` at most; then sorted as zp_moe_search_simulate sorts. Returns how
+ * many it timed. */
+guint zp_moe_search_simulate_stages(const ZpSearchSpec *spec, GArray *candidates, guint tries);
 
 #endif

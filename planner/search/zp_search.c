@@ -315,8 +315,8 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
     if (!zp_model_has_architecture(m))
         bad = "--model: planning simulates steps, which needs an architecture (not --params)";
     else if (zp_moe_enabled(&m->moe) || zp_mla_enabled(&m->mla))
-        bad = "--model: a mixture of experts or latent attention, which schedules do not model "
-              "yet (`zplan memory --ep` reckons its memory and all-to-all)";
+        bad = "--model: a mixture of experts or latent attention is searched by its own search "
+              "(zp_moe_search: `zplan plan`, `zplan sweep --metric tflops`), not the dense one";
     else if (spec->gpus < 1)
         bad = "--gpus: must be at least 1";
     else if (spec->top_k < 1)
