@@ -3,13 +3,16 @@
  * moves and costs. */
 #include "cli_moe.h"
 #include "cli.h"
+#include "cli_report.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
 #include "zp_ep.h"
 #include "zp_moe_search.h"
+#include "zp_outpath.h"
 #include "zp_util.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 
 #define GB 1e9
@@ -94,22 +97,24 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
     printf("\n");
 }
 
-/* A simulated candidate's all-to-all seconds, as `simulate` reports them: the search's own run
- * of it, kept (cli_rank_keep: the ranking callback returns the step and the memory only), or
+/* A simulated candidate's all-to-all seconds and model FLOPs, as `simulate` reports them: the
+ * search's own run of it, kept (cli_rank_keep: the ranking callback returns the step and the memory only), or
  * where none was kept a run as the search makes one (cli_rank_simulate: built short where the
  * fold counts the rest); the closed form's where the schedule cannot be built or timed. Each
  * printed candidate's whole schedule built and stepped again was half of `plan` deepseek-v3
  * on 256 GPUs' time. */
-static double simulated_alltoall_s(const ZpSearchSpec *spec, const ZpMoeCandidate *c)
+static void read_simulated(const ZpSearchSpec *spec, ZpMoeCandidate *c)
 {
     SimResult *r = spec->rank == cli_rank_by_simulation
                        ? cli_rank_take((const CliRankContext *)spec->rank_ctx, &c->plan)
                        : NULL;
     if (!r)
         r = cli_rank_simulate(spec->model, spec->hw, &c->plan, 0, NULL, NULL);
-    const double a2a = r ? r->alltoall_s : c->alltoall_s;
+    if (r) {
+        c->alltoall_s = r->alltoall_s;
+        c->model_flops = r->model_flops;
+    }
     sim_result_free(r);
-    return a2a;
 }
 
 static void print_candidate(int rank, const ZpMoeCandidate *c)
@@ -147,8 +152,116 @@ static void print_best_of(const GArray *c, const char *what, gboolean pp)
     }
 }
 
+/* A candidate as `plan --json` lists it: the dense plans' keys where they mean the same. */
+static json_t *candidate_json(const ZpSearchSpec *spec, const ZpMoeCandidate *x)
+{
+    const ZpPlan *p = &x->plan;
+    const double samples = (double)p->dp * p->micro_batch * p->grad_accum;
+    const double tokens_per_s = samples * (double)spec->model->seq_len / x->step_s;
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b, s:s}", "ep",
+                          zp_plan_ep(p), "mp", p->mp, "dp", p->dp, "pp", zp_plan_pp(p), "stage",
+                          p->zero.stage, "micro_batch", p->micro_batch, "grad_accum",
+                          p->grad_accum, "global_batch", (json_int_t)samples, "checkpoint",
+                          p->checkpoint,
+                          "judged", x->simulated ? "simulated" : "closed form");
+    if (p->selective_recompute && !p->checkpoint)
+        json_object_set_new(o, "recompute", json_string("selective"));
+    json_object_set_new(o, "step_time_s", json_real(x->step_s));
+    json_object_set_new(o, "samples_per_s", json_real(samples / x->step_s));
+    json_object_set_new(o, "tokens_per_s", json_real(tokens_per_s));
+    json_object_set_new(o, "tokens_per_s_per_gpu", json_real(tokens_per_s / spec->gpus));
+    if (x->model_flops > 0) { /* its run read: as simulate reports it */
+        const double tflops = x->model_flops / x->step_s / 1e12;
+        json_object_set_new(o, "tflops_per_gpu", json_real(tflops));
+        json_object_set_new(o, "mfu", json_real(tflops * 1e12 /
+                                                zp_hw_peak_flops(spec->hw, p->precision)));
+    }
+    json_object_set_new(o, "alltoall_s", json_real(x->alltoall_s));
+    json_object_set_new(o, "need_bytes", json_real(x->memory_bytes));
+    json_object_set_new(o, "fits", json_boolean(x->fits));
+    if (x->simulated) {
+        json_object_set_new(o, "closed_form_step_time_s", json_real(x->closed_step_s));
+        json_object_set_new(o, "closed_form_need_bytes", json_real(x->closed_memory_bytes));
+    }
+    json_object_set_new(o, "plan", zp_plan_to_json(p));
+    return o;
+}
+
+/* `plan --json` for a mixture of experts: the top `top_k`, the first of them "best" where it
+ * fits. Returns the exit status as cli_moe_plan does, or -1 with *error where writing failed. */
+static int print_json(const ZpSearchSpec *spec, const ZpExpertConfig *experts, const GArray *c,
+                      guint screened, guint timed, int top_k, GError **error)
+{
+    const ZpModel *m = spec->model;
+    json_t *candidates = json_array();
+    for (guint i = 0; i < c->len && (int)i < top_k; i++)
+        json_array_append_new(candidates,
+                              candidate_json(spec, &g_array_index(c, ZpMoeCandidate, i)));
+    const gboolean any = c->len > 0 && g_array_index(c, ZpMoeCandidate, 0).fits;
+    json_t *root = json_pack(
+        "{s:s, s:I, s:I, s:s, s:s, s:i, s:f, s:s, s:s, s:{s:I, s:I, s:f, s:o}, s:i, s:i}",
+        "model", m->name, "params", (json_int_t)zp_model_param_count(m), "seq_len",
+        (json_int_t)m->seq_len, "cluster", spec->hw->name, "gpu", spec->hw->gpu, "gpus",
+        spec->gpus, "gpu_memory_bytes", spec->hw->gpu_memory_bytes, "precision",
+        zp_precision_name(spec->precision), "optimizer", zp_optimizer_name(spec->optimizer),
+        "experts", "experts", (json_int_t)m->moe.experts, "top_k", (json_int_t)m->moe.top_k,
+        "skew", MAX(experts->skew, 1.0), "capacity_factor",
+        experts->capacity_factor > 0 ? json_real(experts->capacity_factor) : json_null(),
+        "screened", (int)screened, "simulated", (int)timed);
+    json_object_set_new(root, "global_batch", spec->global_batch > 0
+                                                  ? json_integer(spec->global_batch)
+                                                  : json_null());
+    json_object_set_new(root, "best",
+                        any ? json_incref(json_array_get(candidates, 0)) : json_null());
+    json_object_set_new(root, "candidates", candidates);
+    const gboolean ok = zp_json_write(root, NULL, error);
+    json_decref(root);
+    return !ok ? -1 : any ? 0 : 2;
+}
+
+/* `plan --html` for a mixture of experts: the verdict on plan 1 and the top `top_k` side by
+ * side (cli_report), each as the table lists it. */
+static gboolean write_html(const ZpSearchSpec *spec, const GArray *c, int top_k,
+                           const char *path, GError **error)
+{
+    const int n = (int)MIN(c->len, (guint)MAX(top_k, 0));
+    CliReportPlan *plans = g_new0(CliReportPlan, MAX(n, 1));
+    char **whats = g_new0(char *, n + 1);
+    for (int i = 0; i < n; i++) {
+        const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
+        const ZpPlan *p = &x->plan;
+        whats[i] = g_strdup_printf("stage %d, EP %d x TP %d x PP %d, micro %d x accum %d, %s%s",
+                                   p->zero.stage, zp_plan_ep(p), p->mp, zp_plan_pp(p),
+                                   p->micro_batch, p->grad_accum,
+                                   p->checkpoint             ? "ckpt"
+                                   : p->selective_recompute ? "selective"
+                                                            : "no ckpt",
+                                   x->simulated ? "" : " (closed form)");
+        const double samples = (double)p->dp * p->micro_batch * p->grad_accum;
+        plans[i] = (CliReportPlan){whats[i], x->step_s, samples / x->step_s, x->memory_bytes,
+                                   x->model_flops > 0 ? x->model_flops / x->step_s / 1e12 : NAN};
+    }
+    const ZpMoeCandidate *first = c->len ? &g_array_index(c, ZpMoeCandidate, 0) : NULL;
+    char *what = g_strdup_printf("%s (stage %d, EP %d)",
+                                 first && first->fits ? "plan 1" : "the closest plan",
+                                 first ? first->plan.zero.stage : 0,
+                                 first ? zp_plan_ep(&first->plan) : 1);
+    char *verdict = first ? cli_verdict(what, first->simulated
+                                                  ? "allocator-reserved peak + reserve"
+                                                  : "closed form + reserve",
+                                        first->memory_bytes, spec->hw->gpu_memory_bytes)
+                          : g_strdup("No plan.");
+    char *title = g_strdup_printf("Plans for %s (a mixture of experts) on %d x %s (%s)",
+                                  spec->model->name, spec->gpus, spec->hw->gpu, spec->hw->name);
+    const gboolean ok = cli_report_plans_html(path, title, verdict, plans, n,
+                                              spec->hw->gpu_memory_bytes, error);
+    g_free(title), g_free(verdict), g_free(what), g_free(plans);
+    g_strfreev(whats);
+    return ok;
+}
+
 int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
-                 int top_k, GError **error)
+                 int top_k, gboolean json, const char *html, GError **error)
 {
     GArray *all = zp_moe_search_run(spec, MAX(experts->skew, 1.0), experts->capacity_factor,
                                      error);
@@ -156,17 +269,25 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
         return -1;
     /* The closed form's shortlist timed by the simulator, as the dense search ranks plans. */
     const guint timed = zp_moe_search_simulate(spec, all, (guint)MAX(top_k, 1) * 4);
-    for (guint i = 0; i < timed; i++) {
-        ZpMoeCandidate *x = &g_array_index(all, ZpMoeCandidate, i);
-        x->alltoall_s = simulated_alltoall_s(spec, x);
-    }
+    for (guint i = 0; i < timed; i++)
+        read_simulated(spec, &g_array_index(all, ZpMoeCandidate, i));
     GArray *c = g_array_new(FALSE, FALSE, sizeof(ZpMoeCandidate));
     for (guint i = 0; i < all->len; i++) {
         const ZpMoeCandidate *x = &g_array_index(all, ZpMoeCandidate, i);
         if (!ep_given || zp_plan_ep(&x->plan) == MAX(experts->ep, 1))
             g_array_append_val(c, *x);
     }
+    const guint screened = all->len;
     g_array_unref(all);
+    if (html && !write_html(spec, c, top_k, html, error)) {
+        g_array_unref(c);
+        return -1;
+    }
+    if (json) {
+        const int status = print_json(spec, experts, c, screened, timed, top_k, error);
+        g_array_unref(c);
+        return status;
+    }
     const ZpModel *m = spec->model;
     printf("Plans for %s (a mixture of experts: %" G_GINT64_FORMAT " experts, top %" G_GINT64_FORMAT
            ") on %d GPUs of %s, sequence %" G_GINT64_FORMAT ", skew %g, %s.\n"

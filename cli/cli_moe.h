@@ -40,8 +40,11 @@ void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 
 /* `plan` for a mixture of experts: zp_moe_search's candidates (ep > 0: that EP only), the top
  * `top_k` and the best plan of each EP degree, with memory, step, all-to-all share and
- * tokens/s. Returns the exit status: 0, or 2 when nothing fits. */
+ * tokens/s; with `json`, the top `top_k` as JSON (`plan --json`'s keys where they mean the
+ * same); with `html` (a path, or NULL), the verdict and the top `top_k` side by side as one page
+ * (`plan --html`). Returns the exit status: 0, or 2 when nothing fits; -1 with *error where
+ * the search or an output failed. */
 int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
-                 int top_k, GError **error);
+                 int top_k, gboolean json, const char *html, GError **error);
 
 #endif

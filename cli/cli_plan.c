@@ -849,9 +849,9 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
                     gboolean offload, GError **error)
 {
     /* --3d adds nothing here: the MoE search tries pipelines whenever --global-batch is set. */
-    if (a->json || a->ds_config || offload) {
+    if (a->ds_config || offload) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--json/--ds-config/--offload-*: not yet for a mixture of experts");
+                    "--ds-config/--offload-*: not yet for a mixture of experts");
         return cli_fail("plan", *error);
     }
     ZpSearchSpec spec;
@@ -866,7 +866,8 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
     spec.impl = a->impl;
     g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     cli_rank_keep(&rank); /* the shortlist's runs, whose all-to-all the table prints */
-    const int status = cli_moe_plan(&spec, experts, ep_given, a->top_k, error);
+    const int status =
+        cli_moe_plan(&spec, experts, ep_given, a->top_k, a->json, a->html, error);
     cli_rank_clear(&rank);
     return status < 0 ? cli_fail("plan", *error) : status;
 }

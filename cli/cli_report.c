@@ -318,10 +318,13 @@ gboolean cli_report_plans_html(const char *path, const char *title, const char *
     for (int i = 0; i < n; i++) {
         g_string_append_printf(out, "<tr><td>%d</td><td>", i + 1);
         escape(out, plans[i].what);
-        g_string_append_printf(out, "</td><td>%.3f</td><td>%.2f</td><td>%.1f</td><td>%.2f</td>"
-                                    "</tr>\n",
-                               plans[i].step_s, plans[i].samples_per_s, plans[i].tflops,
-                               plans[i].need_bytes / GB);
+        g_string_append_printf(out, "</td><td>%.3f</td><td>%.2f</td><td>", plans[i].step_s,
+                               plans[i].samples_per_s);
+        if (isnan(plans[i].tflops)) /* no schedule's FLOPs read (a closed-form judgement) */
+            g_string_append(out, "n/a");
+        else
+            g_string_append_printf(out, "%.1f", plans[i].tflops);
+        g_string_append_printf(out, "</td><td>%.2f</td></tr>\n", plans[i].need_bytes / GB);
     }
     g_string_append(out, "</table>\n");
     char **labels = g_new0(char *, n + 1);

@@ -18,7 +18,7 @@ gboolean cli_report_html(const char *path, const char *title, const char *verdic
 /* One plan of `plan --html`'s page: its description and simulated figures. */
 typedef struct {
     const char *what;     /* "stage 3, mp 1 x dp 16, micro 2 x accum 1, ..." */
-    double step_s, samples_per_s, need_bytes, tflops;
+    double step_s, samples_per_s, need_bytes, tflops; /* tflops NAN: not known (n/a) */
 } CliReportPlan;
 
 /* `plan --html`: the verdict, then the top plans side by side: a table and two bar charts,

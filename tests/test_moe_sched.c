@@ -459,9 +459,10 @@ static void test_memory_consistency(void)
 }
 
 /* `plan`'s table and its "Plan 1" line give each simulated candidate's all-to-all from the
- * search's own run of it (kept, not run again: cli_moe.c simulated_alltoall_s): `simulate
- * --json` of plan 1 (Mixtral-8x7B on 64 H100s at s 512 with a global batch, a pipeline of 2)
- * prints the same all-to-all and step. */
+ * search's own run of it (kept, not run again: cli_moe.c read_simulated): `simulate --json`
+ * of plan 1 (Mixtral-8x7B on 64 H100s at s 512 with a global batch, a pipeline of 2) prints
+ * the same all-to-all and step; `plan --json`'s best is that plan, with simulate's step,
+ * all-to-all and TFLOP/s to the bit, and `plan --html` writes its row. */
 static void test_plan_alltoall_is_simulate(void)
 {
     const char *common = "--model hf/mixtral-8x7b --cluster dgx-h100 --gpus 64 --seq 512";
@@ -495,6 +496,45 @@ static void test_plan_alltoall_is_simulate(void)
     g_snprintf(want, sizeof want, "%.3f", step_s);
     g_snprintf(got, sizeof got, "%.3f", json_number_value(json_object_get(root, "step_time_s")));
     g_assert_cmpstr(got, ==, want);
+    char *json_args = g_strdup_printf("%s --json", args);
+    json_t *plan = tu_zplan_json(json_args);
+    json_t *best = json_object_get(plan, "best");
+    g_assert_cmpint(json_integer_value(json_object_get(best, "ep")), ==, ep);
+    g_assert_cmpint(json_integer_value(json_object_get(best, "pp")), ==, pp);
+    g_assert_cmpint(json_integer_value(json_object_get(best, "stage")), ==, stage);
+    g_assert_cmpint(json_integer_value(json_object_get(best, "micro_batch")), ==, micro);
+    g_assert_cmpint(json_integer_value(json_object_get(best, "global_batch")), ==, 512);
+    g_assert_cmpstr(json_string_value(json_object_get(best, "judged")), ==, "simulated");
+    g_assert_true(json_is_true(json_object_get(best, "fits")));
+    static const char *const same[] = {"step_time_s", "alltoall_s", "tflops_per_gpu", "mfu"};
+    for (size_t k = 0; k < G_N_ELEMENTS(same); k++)
+        g_assert_cmpfloat(json_number_value(json_object_get(best, same[k])), ==,
+                          json_number_value(json_object_get(root, same[k])));
+    g_assert_cmpint(json_integer_value(json_object_get(plan, "gpus")), ==, 64);
+    g_assert_cmpint(json_integer_value(json_object_get(json_object_get(plan, "experts"),
+                                                       "experts")), ==, 8);
+    g_assert_true(json_equal(best, json_array_get(json_object_get(plan, "candidates"), 0)));
+    /* --html writes the page (it was dropped in silence): the verdict on plan 1 and its row,
+     * its step and TFLOP/s simulate's */
+    char *dir = g_dir_make_tmp("zp-moe-html-XXXXXX", NULL);
+    char *page_path = g_build_filename(dir, "plans.html", NULL);
+    char *html_args = g_strdup_printf("%s --html %s", args, page_path);
+    TuRun h = tu_zplan(html_args);
+    g_assert_true(g_spawn_check_wait_status(h.status, NULL));
+    char *page = NULL, *cells = g_strdup_printf(
+        "</td><td>%.3f</td><td>%.2f</td><td>%.1f</td>",
+        json_number_value(json_object_get(root, "step_time_s")),
+        json_number_value(json_object_get(root, "samples_per_s")),
+        json_number_value(json_object_get(root, "tflops_per_gpu")));
+    g_assert_true(g_file_get_contents(page_path, &page, NULL, NULL));
+    g_assert_nonnull(strstr(page, "Fits: plan 1 (stage"));
+    g_assert_nonnull(strstr(page, cells));
+    g_unlink(page_path);
+    g_rmdir(dir);
+    g_free(page), g_free(cells), g_free(html_args), g_free(page_path), g_free(dir);
+    tu_free(&h);
+    json_decref(plan);
+    g_free(json_args);
     json_decref(root);
     g_free(sim);
     tu_free(&r);

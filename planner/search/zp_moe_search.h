@@ -22,6 +22,9 @@ typedef struct {
      * closed form's kept in closed_step_s and closed_memory_bytes. */
     gboolean simulated;
     double closed_step_s, closed_memory_bytes;
+    /* The simulated schedule's model FLOPs per GPU (forward and backward, the routed experts
+     * included: SimResult.model_flops), where the caller read its run (cli_moe); 0 otherwise. */
+    double model_flops;
 } ZpMoeCandidate;
 
 /* Every plan the spec allows: EP dividing the experts and the data-parallel degree, TP
