@@ -152,11 +152,17 @@ static void print_best_of(const GArray *c, const char *what, gboolean pp)
     }
 }
 
+/* Samples a step of plan x trains. */
+static double step_samples(const ZpMoeCandidate *x)
+{
+    return (double)x->plan.dp * x->plan.micro_batch * x->plan.grad_accum;
+}
+
 /* A candidate as `plan --json` lists it: the dense plans' keys where they mean the same. */
 static json_t *candidate_json(const ZpSearchSpec *spec, const ZpMoeCandidate *x)
 {
     const ZpPlan *p = &x->plan;
-    const double samples = (double)p->dp * p->micro_batch * p->grad_accum;
+    const double samples = step_samples(x);
     const double tokens_per_s = samples * (double)spec->model->seq_len / x->step_s;
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:b, s:s}", "ep",
                           zp_plan_ep(p), "mp", p->mp, "dp", p->dp, "pp", zp_plan_pp(p), "stage",
@@ -188,10 +194,12 @@ static json_t *candidate_json(const ZpSearchSpec *spec, const ZpMoeCandidate *x)
 }
 
 /* `plan --json` for a mixture of experts: the top `top_k`, the first of them "best" where it
- * fits. Returns the exit status as cli_moe_plan does, or -1 with *error where writing failed. */
+ * fits, with its budget. Returns the exit status as cli_moe_plan does, or -1 with *error where
+ * writing failed. */
 static int print_json(const ZpSearchSpec *spec, const ZpExpertConfig *experts, const GArray *c,
-                      guint screened, guint timed, int top_k, GError **error)
+                      guint screened, guint timed, const CliMoeOutput *out, GError **error)
 {
+    const int top_k = out->top_k;
     const ZpModel *m = spec->model;
     json_t *candidates = json_array();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)
@@ -214,6 +222,13 @@ static int print_json(const ZpSearchSpec *spec, const ZpExpertConfig *experts, c
     json_object_set_new(root, "best",
                         any ? json_incref(json_array_get(candidates, 0)) : json_null());
     json_object_set_new(root, "candidates", candidates);
+    const ZpMoeCandidate *best = any ? &g_array_index(c, ZpMoeCandidate, 0) : NULL;
+    json_t *budget = best && out->budget
+                         ? cli_budget_json(out->budget, best->step_s,
+                                           step_samples(best) * (double)m->seq_len, spec->gpus)
+                         : NULL;
+    if (budget)
+        json_object_set_new(root, "budget", budget);
     const gboolean ok = zp_json_write(root, NULL, error);
     json_decref(root);
     return !ok ? -1 : any ? 0 : 2;
@@ -261,8 +276,9 @@ static gboolean write_html(const ZpSearchSpec *spec, const GArray *c, int top_k,
 }
 
 int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
-                 int top_k, gboolean json, const char *html, GError **error)
+                 const CliMoeOutput *out, GError **error)
 {
+    const int top_k = out->top_k;
     GArray *all = zp_moe_search_run(spec, MAX(experts->skew, 1.0), experts->capacity_factor,
                                      error);
     if (!all)
@@ -279,12 +295,12 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     }
     const guint screened = all->len;
     g_array_unref(all);
-    if (html && !write_html(spec, c, top_k, html, error)) {
+    if (out->html && !write_html(spec, c, top_k, out->html, error)) {
         g_array_unref(c);
         return -1;
     }
-    if (json) {
-        const int status = print_json(spec, experts, c, screened, timed, top_k, error);
+    if (out->json) {
+        const int status = print_json(spec, experts, c, screened, timed, out, error);
         g_array_unref(c);
         return status;
     }
@@ -322,6 +338,13 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
                    "m = %.1f%% of the ideal.\n",
                    P, spec->model->layers, (spec->model->layers + P - 1) / P,
                    b->plan.grad_accum, 100.0 * (P - 1) / b->plan.grad_accum);
+        char *budget = out->budget ? cli_budget_line(out->budget, b->step_s,
+                                                     step_samples(b) * (double)m->seq_len,
+                                                     spec->gpus)
+                                   : NULL;
+        if (budget)
+            printf("Plan 1: %s\n", budget);
+        g_free(budget);
     } else {
         printf("\nNo plan fits in %.1f GB a GPU.\n", spec->hw->gpu_memory_bytes / GB);
     }

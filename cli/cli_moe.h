@@ -3,6 +3,7 @@
 #ifndef CLI_MOE_H
 #define CLI_MOE_H
 
+#include "cli.h"
 #include "zp_hw.h"
 #include "zp_model.h"
 #include "zp_plan.h"
@@ -38,13 +39,19 @@ double cli_moe_states_bytes(const ZpModel *model, const ZpPlan *plan, int stage,
  * per rank, a sparse layer's tokens and buffers, its all-to-all (hw may be NULL: no time). */
 void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 
+/* What `plan` prints of a mixture of experts' search. */
+typedef struct {
+    int top_k;               /* the plans listed */
+    gboolean json;           /* as JSON (`plan --json`'s keys where they mean the same) */
+    const char *html;        /* the verdict and the top plans as one page (`plan --html`), or NULL */
+    const CliBudget *budget; /* plan 1's --tokens/--steps/--gpu-hour-price figures, or NULL */
+} CliMoeOutput;
+
 /* `plan` for a mixture of experts: zp_moe_search's candidates (ep > 0: that EP only), the top
- * `top_k` and the best plan of each EP degree, with memory, step, all-to-all share and
- * tokens/s; with `json`, the top `top_k` as JSON (`plan --json`'s keys where they mean the
- * same); with `html` (a path, or NULL), the verdict and the top `top_k` side by side as one page
- * (`plan --html`). Returns the exit status: 0, or 2 when nothing fits; -1 with *error where
- * the search or an output failed. */
+ * out->top_k and the best plan of each EP degree, with memory, step, all-to-all share and
+ * tokens/s, or as out asks. Returns the exit status: 0, or 2 when nothing fits; -1 with
+ * *error where the search or an output failed. */
 int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
-                 int top_k, gboolean json, const char *html, GError **error);
+                 const CliMoeOutput *out, GError **error);
 
 #endif

@@ -866,8 +866,8 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
     spec.impl = a->impl;
     g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     cli_rank_keep(&rank); /* the shortlist's runs, whose all-to-all the table prints */
-    const int status =
-        cli_moe_plan(&spec, experts, ep_given, a->top_k, a->json, a->html, error);
+    const CliMoeOutput out = {a->top_k, a->json, a->html, &a->budget};
+    const int status = cli_moe_plan(&spec, experts, ep_given, &out, error);
     cli_rank_clear(&rank);
     return status < 0 ? cli_fail("plan", *error) : status;
 }

@@ -462,7 +462,8 @@ static void test_memory_consistency(void)
  * search's own run of it (kept, not run again: cli_moe.c read_simulated): `simulate --json`
  * of plan 1 (Mixtral-8x7B on 64 H100s at s 512 with a global batch, a pipeline of 2) prints
  * the same all-to-all and step; `plan --json`'s best is that plan, with simulate's step,
- * all-to-all and TFLOP/s to the bit, and `plan --html` writes its row. */
+ * all-to-all and TFLOP/s to the bit, `plan --html` writes its row and `plan --tokens` the
+ * training budget simulate gives it. */
 static void test_plan_alltoall_is_simulate(void)
 {
     const char *common = "--model hf/mixtral-8x7b --cluster dgx-h100 --gpus 64 --seq 512";
@@ -533,6 +534,20 @@ static void test_plan_alltoall_is_simulate(void)
     g_rmdir(dir);
     g_free(page), g_free(cells), g_free(html_args), g_free(page_path), g_free(dir);
     tu_free(&h);
+    /* --tokens: plan 1's training budget, the line `simulate --tokens` prints for it (it was
+     * dropped in silence) */
+    char *tokens_args = g_strdup_printf("%s --tokens 1T", args);
+    char *sim_text = g_strndup(sim, (gsize)(strstr(sim, " --json") - sim));
+    char *sim_tokens = g_strdup_printf("%s --tokens 1T", sim_text);
+    g_free(sim_text);
+    TuRun pt = tu_zplan(tokens_args), st = tu_zplan(sim_tokens);
+    const char *want_line = strstr(st.out, "Training 1T tokens: ");
+    g_assert_nonnull(want_line);
+    char *line1 = g_strndup(want_line, strcspn(want_line, "\n"));
+    char *plan_line = g_strdup_printf("Plan 1: %s\n", line1);
+    g_assert_nonnull(strstr(pt.out, plan_line));
+    g_free(plan_line), g_free(line1), g_free(sim_tokens), g_free(tokens_args);
+    tu_free(&pt), tu_free(&st);
     json_decref(plan);
     g_free(json_args);
     json_decref(root);
