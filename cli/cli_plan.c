@@ -864,6 +864,7 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
     spec.attention = a->kernels.attention;
     spec.reduce_dtype = a->kernels.reduce_dtype;
     spec.impl = a->impl;
+    spec.exclude = a->exclude; /* checkpoint: the rest are techniques it never schedules */
     g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     cli_rank_keep(&rank); /* the shortlist's runs, whose all-to-all the table prints */
     const CliMoeOutput out = {a->top_k, a->json, a->html, &a->budget};

@@ -597,6 +597,31 @@ static void test_plan_simulates_shortlist(void)
     g_array_unref(c);
 }
 
+/* --exclude checkpoint holds for a mixture of experts too (its search tried checkpointing
+ * anyway): Mixtral on 16 H100s lists none, and its best without it fits. */
+static void test_plan_exclude_checkpoint(void)
+{
+    for (int excluded = 0; excluded < 2; excluded++) {
+        json_t *out = tu_zplan_json(excluded ? "plan --model hf/mixtral-8x7b --cluster dgx-h100 "
+                                               "--gpus 16 --seq 1024 --top 20 --json "
+                                               "--exclude checkpoint"
+                                             : "plan --model hf/mixtral-8x7b --cluster dgx-h100 "
+                                               "--gpus 16 --seq 1024 --top 20 --json");
+        json_t *candidates = json_object_get(out, "candidates");
+        guint with = 0;
+        for (size_t i = 0; i < json_array_size(candidates); i++)
+            with += json_is_true(json_object_get(json_array_get(candidates, i), "checkpoint"));
+        g_test_message("%s: %u of %zu listed plans checkpoint", excluded ? "excluded" : "free",
+                       with, json_array_size(candidates));
+        if (excluded)
+            g_assert_cmpuint(with, ==, 0);
+        else
+            g_assert_cmpuint(with, >, 0);
+        g_assert_true(json_is_true(json_object_get(json_object_get(out, "best"), "fits")));
+        json_decref(out);
+    }
+}
+
 /* `zplan sweep --metric tflops` plans a mixture of experts as `zplan plan` does (it refused
  * one: "a mixture of experts or latent attention, which schedules do not model yet"): Mixtral
  * on 16 and 64 H100s (sequence 1024), a TFLOP/s figure for every stage, each with its EP
@@ -1028,6 +1053,7 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/plan-simulates-shortlist", test_plan_simulates_shortlist);
     g_test_add_func("/moe-sched/plan-alltoall-is-simulate", test_plan_alltoall_is_simulate);
     g_test_add_func("/moe-sched/sweep-tflops", test_sweep_tflops);
+    g_test_add_func("/moe-sched/plan-exclude-checkpoint", test_plan_exclude_checkpoint);
     g_test_add_func("/moe-sched/blocks-not-inventory", test_blocks_not_inventory);
     g_test_add_func("/moe-sched/selective-recompute", test_selective_recompute);
     g_test_add_func("/moe-sched/expert-grad-reduction", test_expert_grad_reduction);

@@ -213,10 +213,11 @@ static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, GArray *out)
         const int P = zp_plan_pp(base);
         if (P > 1 && spec->global_batch / per_step < P)
             continue; /* a pipeline needs micro-batches to fill it (Megatron's check) */
-        /* None, full checkpointing, and where the implementation has it (Megatron's) the
-         * selective recomputation of core attention. */
+        /* None, full checkpointing (unless --exclude checkpoint), and where the
+         * implementation has it (Megatron's) the selective recomputation of core attention. */
         for (int ckpt = 0; ckpt <= 2; ckpt++) {
-            if (ckpt == 2 && !zp_impl_get(base->impl)->selective_recompute)
+            if ((ckpt == 2 && !zp_impl_get(base->impl)->selective_recompute) ||
+                (ckpt == 1 && (spec->exclude & ZP_TECH_CHECKPOINT)))
                 continue;
             ZpMoeCandidate c = {.plan = *base};
             c.plan.micro_batch = micro;
