@@ -335,6 +335,21 @@ gboolean cli_attention_reduce(const char *attention_flag, const char *reduce_fla
            zp_reduce_dtype_parse(reduce_flag, "--reduce-dtype", &plan->reduce_dtype, error);
 }
 
+gboolean cli_knobs_read(ZpImplKind impl, const char *const given[ZP_KNOB_N], GError **error)
+{
+    unsigned bits = 0;
+    for (int k = 0; k < ZP_KNOB_N; k++)
+        bits |= given[k] ? 1u << k : 0;
+    const int unread = g_bit_nth_lsf(zp_impl_unread_knobs(impl, bits), -1);
+    if (unread < 0)
+        return TRUE;
+    g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                "%s: a DeepSpeed ZeRO setting, which --impl %s has none of (it would change "
+                "nothing)",
+                zp_zero_knob_flag((ZpZeroKnob)unread), zp_impl_get(impl)->name);
+    return FALSE;
+}
+
 gboolean cli_attention_zreal(const char *attention_flag, ZpPlan *plan, GError **error)
 {
     cli_default_retract("--attention");

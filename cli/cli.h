@@ -111,6 +111,12 @@ void cli_print_defaults(void);
 /* A line the answer needs beside the defaults: what a DeepSpeed config's "auto" resolved to, a
  * feature the plan carries that does nothing here. Printed by cli_print_defaults. */
 void cli_note(const char *format, ...) G_GNUC_PRINTF(1, 2);
+
+/* DeepSpeed's size knobs given as flags (given[k]: the flag's text, or NULL) that the plan's
+ * implementation has no setting for (zp_impl_unread_knobs: FSDP's, Megatron-Core's but its
+ * bucket) are refused, naming the first, as ZeRO++ is under FSDP2, rather than dropped in
+ * silence (zplan simulate and zreal). */
+gboolean cli_knobs_read(ZpImplKind impl, const char *const given[ZP_KNOB_N], GError **error);
 /* The notes as a JSON array (a new reference; empty when none). */
 json_t *cli_notes_json(void);
 

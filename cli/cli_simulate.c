@@ -91,6 +91,16 @@ static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GErr
     return TRUE;
 }
 
+/* DeepSpeed's size knobs given as flags: cli_knobs_read. */
+static gboolean knobs_read(const SimulateFlags *f, const ZpPlan *plan, GError **error)
+{
+    const char *given[ZP_KNOB_N] = {
+        [ZP_KNOB_REDUCE_BUCKET] = f->reduce_bucket, [ZP_KNOB_ALLGATHER_BUCKET] = f->allgather_bucket,
+        [ZP_KNOB_PREFETCH_BUCKET] = f->prefetch_bucket, [ZP_KNOB_MAX_LIVE] = f->max_live,
+        [ZP_KNOB_PERSISTENCE] = f->persistence};
+    return cli_knobs_read(plan->impl, given, error);
+}
+
 /* The flags that say a plan, and which other source of the plan refuses them rather than
  * silently overriding it: a DeepSpeed config says the ZeRO and batch choices (the degrees,
  * precision and model still come from flags); a schedule file says everything. */
@@ -435,7 +445,7 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
         cli_offload_tuning(&f->tuning, &plan->zero, error);
     if (ok && hw)
         cli_note_inert_features(plan);
-    return ok;
+    return ok && knobs_read(f, plan, error);
 }
 
 /* The plan from --megatron-args, --ds-config or the flags, its kernel priced as eager's work

@@ -136,7 +136,7 @@ static char *options_cell(const ZpPlan *plan)
 }
 
 /* The closed form's fitting plans of a stage a mixture of experts' point simulates, at most,
- * where none its search's shortlist timed fits (zp_moe_search_simulate_stages): a plan the
+ * where none of its search's shortlist fits (zp_moe_search_simulate_stages): a plan the
  * closed form says fits but the allocator replay does not (stage 3's gathers) is followed by
  * its next best. */
 #define SWEEP_MOE_TRIES 16

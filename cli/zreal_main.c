@@ -183,6 +183,8 @@ static gboolean make_plan(const Args *a, int world, ZpModel *model, ZpPlan *plan
     for (int k = 0; k < ZP_KNOB_N; k++)
         if (a->knobs[k] && !zp_zero_knob_set(&plan->zero, (ZpZeroKnob)k, a->knobs[k], error))
             return FALSE;
+    if (!cli_knobs_read(plan->impl, (const char *const *)a->knobs, error))
+        return FALSE;
     if (!cli_offload(a->offload_optimizer, a->offload_param, a->nvme_path, &plan->zero, error))
         return FALSE;
     /* zreal's transformer (real_gpt) has the fused qkv: latent attention would lay out tensors

@@ -384,6 +384,39 @@ static void test_cli(void)
     g_assert_false(g_spawn_check_wait_status(r.status, NULL));
     g_assert_nonnull(strstr(r.err, "--impl fsdp2 has none of it"));
     tu_free(&r);
+    /* DeepSpeed's size knobs likewise, under FSDP and FSDP2 (and under Megatron but its
+     * gradient bucket): simulate and zreal took them and changed nothing */
+    static const struct {
+        const char *args, *message;
+    } knobs[] = {
+        {"simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 3 --micro-batch 1 "
+         "--impl fsdp2 --prefetch-bucket-size 1e6",
+         "--prefetch-bucket-size: a DeepSpeed ZeRO setting, which --impl fsdp2 has none of"},
+        {"simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 2 --micro-batch 1 "
+         "--impl fsdp --reduce-bucket-size 1e6",
+         "--reduce-bucket-size: a DeepSpeed ZeRO setting, which --impl fsdp has none of"},
+        {"simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 "
+         "--impl megatron --persistence-threshold 10",
+         "--persistence-threshold: a DeepSpeed ZeRO setting, which --impl megatron has none of"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(knobs); i++) {
+        r = tu_zplan(knobs[i].args);
+        g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+        g_assert_nonnull(strstr(r.err, knobs[i].message));
+        g_assert_null(strchr(strchr(r.err, '\n') + 1, '\n')); /* one line */
+        tu_free(&r);
+    }
+    r = tu_zplan("simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --stage 1 "
+                 "--micro-batch 1 --impl megatron --overlap --reduce-bucket-size 1e6");
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL)); /* its bucket_size */
+    tu_free(&r);
+    char *zreal = g_strdup_printf("%s/zreal --model tiny --impl fsdp2 --stage 3 --emulate 2 "
+                                  "--steps 1 --max-live-parameters 100", ZP_BUILD_DIR);
+    r = tu_run(zreal, NULL);
+    g_assert_false(g_spawn_check_wait_status(r.status, NULL));
+    g_assert_nonnull(strstr(r.err, "--max-live-parameters: a DeepSpeed ZeRO setting"));
+    tu_free(&r);
+    g_free(zreal);
 }
 
 int main(int argc, char **argv)

@@ -24,15 +24,22 @@ typedef struct {
 
 static char *other_args(const OtherRun *r, int n, gboolean paper, const char *out)
 {
-    return g_strdup_printf("--model tiny --stage %d --micro-batch %d --grad-accum %d --steps 4 "
-                           "--reduce-bucket-size %.0f --impl %s%s%s --out %s",
-                           r->stage, GLOBAL_BATCH / n / r->grad_accum, r->grad_accum, r->bucket,
-                           paper ? "paper" : zp_impl_name(r->impl),
-                           r->checkpoint ? " --checkpoint" : "",
-                           r->knobs ? " --persistence-threshold 1000 --prefetch-bucket-size 20000"
-                                      " --max-live-parameters 40000 --max-reuse-distance 10000"
-                                    : "",
-                           out);
+    /* The bucket where the implementation has one (FSDP has none: zreal refuses it there) */
+    const ZpImplKind kind = paper ? ZP_IMPL_PAPER : r->impl;
+    char *bucket = zp_impl_unread_knobs(kind, 1u << ZP_KNOB_REDUCE_BUCKET)
+                       ? g_strdup("")
+                       : g_strdup_printf(" --reduce-bucket-size %.0f", r->bucket);
+    char *args = g_strdup_printf(
+        "--model tiny --stage %d --micro-batch %d --grad-accum %d --steps 4%s --impl %s%s%s "
+        "--out %s",
+        r->stage, GLOBAL_BATCH / n / r->grad_accum, r->grad_accum, bucket,
+        paper ? "paper" : zp_impl_name(r->impl), r->checkpoint ? " --checkpoint" : "",
+        r->knobs ? " --persistence-threshold 1000 --prefetch-bucket-size 20000"
+                   " --max-live-parameters 40000 --max-reuse-distance 10000"
+                 : "",
+        out);
+    g_free(bucket);
+    return args;
 }
 
 static ZpSchedule *other_schedule(const ZpModel *model, const OtherRun *r, int n)

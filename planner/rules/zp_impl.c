@@ -100,6 +100,11 @@ static gboolean same_module(const char *a, const char *b)
     return la == lb && strncmp(a, b, la) == 0;
 }
 
+unsigned zp_impl_unread_knobs(ZpImplKind kind, unsigned given)
+{
+    return given & ~zp_impl_get(kind)->zero_knobs & ZP_ZERO_KNOBS_ALL;
+}
+
 /* Unit-level persistence, for the implementations that decide it so (zp_impl.h). */
 gboolean zp_sched_unit_persistent(const ZpSchedule *s, int unit)
 {

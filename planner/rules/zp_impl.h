@@ -277,12 +277,21 @@ typedef struct ZpImpl {
      * finalize_model_grads: finish_grad_sync, then _allreduce_embedding_grads); FALSE:
      * before them (DeepSpeed's ReduceTiedGrads before ReduceGrads). */
     gboolean tied_sync_after_reduction;
+    /* DeepSpeed's size knobs (ZpZeroKnob bits) the implementation reads: every one for
+     * DeepSpeed (and the paper's closed form); Megatron-Core's DDP the gradient bucket only
+     * (bucket_size under overlap_grad_reduce); FSDP none (zp_impl_unread_knobs). */
+    unsigned zero_knobs;
 } ZpImpl;
 
 extern const ZpImpl zp_impl_deepspeed, zp_impl_fsdp, zp_impl_paper, zp_impl_megatron,
     zp_impl_fsdp2;
 
 const ZpImpl *zp_impl_get(ZpImplKind kind);
+
+/* Of the knobs given (ZpZeroKnob bits), those the implementation has no setting for and never
+ * reads (ZpImpl.zero_knobs): the caller says so rather than drop them in silence. */
+unsigned zp_impl_unread_knobs(ZpImplKind kind, unsigned given);
+#define ZP_ZERO_KNOBS_ALL ((1u << ZP_KNOB_N) - 1)
 
 /* FSDP2 at stage 3: the root's units (0 and L + 1: embeddings, final norm, head) are one
  * FSDPParamGroup, gathered by one call and reduced by one (zp_impl_fsdp2.c). */

@@ -813,4 +813,5 @@ const ZpImpl zp_impl_deepspeed = {
      * numel % (2 world) == 0 through swizzle_quant and its two all-to-all stages, each other
      * one through reduce_scatter_coalesced([tensor]). */
     .qgz_by_tensor = TRUE,
+    .zero_knobs = ZP_ZERO_KNOBS_ALL,
 };

@@ -121,4 +121,5 @@ const ZpImpl zp_impl_fsdp = {
     .step_buffers = zp_impl_no_step_buffers,
     .residual_buffers = zp_impl_fsdp_residual,
     .gather_bound_elems = zp_impl_unit_gather_bound,
+    .zero_knobs = 0,
 };

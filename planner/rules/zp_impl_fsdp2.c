@@ -216,4 +216,5 @@ const ZpImpl zp_impl_fsdp2 = {
     .step_buffers = zp_impl_no_step_buffers,
     .residual_buffers = fsdp2_residual,
     .gather_bound_elems = zp_impl_unit_gather_bound,
+    .zero_knobs = 0,
 };

@@ -317,4 +317,5 @@ const ZpImpl zp_impl_megatron = {
     .step_buffers = mg_step_buffers,
     .residual_buffers = mg_residual,
     .rank_opt_elems = mg_rank_opt_elems,
+    .zero_knobs = 1u << ZP_KNOB_REDUCE_BUCKET,
 };

@@ -177,4 +177,5 @@ const ZpImpl zp_impl_paper = {
     .step_buffers = zp_impl_no_step_buffers,
     .residual_buffers = zp_impl_paper_residual,
     .gather_bound_elems = zp_impl_unit_gather_bound,
+    .zero_knobs = ZP_ZERO_KNOBS_ALL,
 };
