@@ -551,6 +551,27 @@ int cli_memory(int argc, char **argv)
                   cli_moe_parse(&a.model, ep, capacity, skew, &a.experts, &error) &&
                   cli_recompute(recompute, a.checkpoint, &a.kernels, &error);
     a.checkpoint = a.kernels.checkpoint;
+    if (ok && !zp_model_has_architecture(&a.model)) {
+        /* --params has no blocks to hold activations: the flags that size them are refused
+         * rather than dropped in silence (Table 1 counts model states only). */
+        const struct {
+            const char *flag;
+            gboolean given;
+        } activation_flags[] = {
+            {"--micro-batch", micro_batch != NULL}, {"--checkpoint", a.checkpoint},
+            {"--recompute", recompute != NULL},
+            {"--partition-activations", a.ckpt.partition_activations},
+            {"--cpu-checkpointing", a.ckpt.cpu_checkpointing}, {"--attention", attention != NULL},
+        };
+        for (size_t i = 0; ok && i < G_N_ELEMENTS(activation_flags); i++)
+            if (activation_flags[i].given) {
+                g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE,
+                            "%s: activations need a model's architecture (--model); --params "
+                            "counts model states only",
+                            activation_flags[i].flag);
+                ok = FALSE;
+            }
+    }
     if (ok && !gpus) {
         g_set_error(&error, ZP_ERROR, ZP_ERROR_VALUE, "--gpus N[,N...] is required");
         ok = FALSE;

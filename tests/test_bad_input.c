@@ -27,6 +27,9 @@ typedef struct {
 static const BadCase cases[] = {
     /* ---- offload ---- */
     {"zplan memory --model tiny --gpus 2 --offload-optimizer foo", NULL, "zplan memory: --offload-optimizer: unknown value 'foo' (choose from none, cpu, nvme)"},
+    /* --params has no architecture: activation flags were dropped in silence */
+    {"zplan memory --params 13B --gpus 64 --checkpoint", NULL, "zplan memory: --checkpoint: activations need a model's architecture (--model); --params counts model states only"},
+    {"zplan memory --params 13B --gpus 64 --micro-batch 4", NULL, "zplan memory: --micro-batch: activations need a model's architecture"},
     {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 2 --stage 2 --micro-batch 1 --offload-param cpu", NULL, "zplan simulate: --offload-param: offload_param: needs ZeRO stage 3"},
     {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 2 --stage 0 --micro-batch 1 --offload-optimizer cpu", NULL, "--offload-optimizer: offload_optimizer: needs ZeRO stage 1, 2 or 3"},
     {"zplan simulate --model tiny --cluster h100-measured --gpus 2 --stage 2 --micro-batch 1 --offload-optimizer cpu", NULL, "h100-measured: optimizer offload needs \"cpu_adam_bytes_per_s_per_core\""},
