@@ -619,6 +619,13 @@ static gboolean parse_flags(const SweepFlags *f, SweepArgs *a, GError **error)
         bad = "--gpus: the GPU counts come from --values";
     if (!bad && a->metric == METRIC_TFLOPS && !f->cluster)
         bad = "--metric tflops: give --cluster NAME|PATH.json (the hardware to simulate)";
+    /* The search's own inputs, which memory and maxmodel would drop in silence */
+    if (!bad && a->metric != METRIC_TFLOPS && f->global_batch)
+        bad = "--global-batch: the tflops metric's search takes it; memory and maxmodel size "
+              "one micro-batch";
+    if (!bad && a->metric != METRIC_TFLOPS && f->kernels)
+        bad = "--kernels: the tflops metric's simulation prices kernels; memory and maxmodel "
+              "time nothing";
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;

@@ -27,7 +27,10 @@ typedef struct {
 static const BadCase cases[] = {
     /* ---- offload ---- */
     {"zplan memory --model tiny --gpus 2 --offload-optimizer foo", NULL, "zplan memory: --offload-optimizer: unknown value 'foo' (choose from none, cpu, nvme)"},
-    /* --params has no architecture: activation flags were dropped in silence */
+    /* sweep's tflops-only flags with another metric, and --params's activation flags: dropped
+     * in silence before */
+    {"zplan sweep --vary gpus --values 8,64 --model gpt-13b --cluster dgx-h100 --metric memory --out {D}/s --global-batch 512", NULL, "zplan sweep: --global-batch: the tflops metric's search takes it"},
+    {"zplan sweep --vary gpus --values 8,64 --model gpt-13b --cluster dgx-h100 --metric memory --out {D}/s --kernels megatron", NULL, "zplan sweep: --kernels: the tflops metric's simulation prices kernels"},
     {"zplan memory --params 13B --gpus 64 --checkpoint", NULL, "zplan memory: --checkpoint: activations need a model's architecture (--model); --params counts model states only"},
     {"zplan memory --params 13B --gpus 64 --micro-batch 4", NULL, "zplan memory: --micro-batch: activations need a model's architecture"},
     {"zplan simulate --model tiny --cluster dgx2-v100 --gpus 2 --stage 2 --micro-batch 1 --offload-param cpu", NULL, "zplan simulate: --offload-param: offload_param: needs ZeRO stage 3"},
