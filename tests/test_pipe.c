@@ -51,6 +51,19 @@ static ZpPlan pipe_plan(int stage, int dp, int pp, ZpPipeSchedule schedule, int 
     return p;
 }
 
+/* The step of schedule s (freed) with every rank simulated. */
+static double explicit_step_s(ZpSchedule *s)
+{
+    GError *error = NULL;
+    const SimOptions o = {.mode = SIM_MODE_EXPLICIT};
+    SimResult *r = sim_engine_run(s, &a100, &o, &error);
+    g_assert_no_error(error);
+    const double step_s = r->step_time_s;
+    sim_result_free(r);
+    zp_sched_free(s);
+    return step_s;
+}
+
 static SimResult *simulate(const ZpModel *m, const ZpPlan *p, SimMode mode)
 {
     GError *error = NULL;
@@ -450,12 +463,7 @@ static void test_p2p_sync(void)
         /* Two sends in one exchange (a backward's from chunk 1 or 2 and the deferred
          * forward's: 2 on each stage): the compute after them waits for the later one. */
         g_assert_cmpuint(waited, ==, sync ? sends - 4 : 0);
-        const SimOptions o = {.mode = SIM_MODE_EXPLICIT};
-        SimResult *r = sim_engine_run(s, &a100, &o, &error);
-        g_assert_no_error(error);
-        step_s[sync] = r->step_time_s;
-        sim_result_free(r);
-        zp_sched_free(s);
+        step_s[sync] = explicit_step_s(s);
     }
     g_assert_cmpfloat(step_s[1], >, step_s[0]);
     /* the plan's JSON keeps it; another implementation's schedule refuses it */
@@ -516,12 +524,7 @@ static void test_p2p_sync_all_warmup(void)
             }
             /* each micro-batch crosses 2 pp - 1 chunk edges forward */
             g_assert_cmpuint(forward_sends, ==, (guint)(pp * (2 * pp - 1)));
-            const SimOptions o = {.mode = SIM_MODE_EXPLICIT};
-            SimResult *r = sim_engine_run(s, &a100, &o, &error);
-            g_assert_no_error(error);
-            step_s[sync] = r->step_time_s;
-            sim_result_free(r);
-            zp_sched_free(s);
+            step_s[sync] = explicit_step_s(s);
         }
         g_assert_cmpfloat(step_s[1], >=, step_s[0]);
     }

@@ -1,6 +1,7 @@
 /* test_sched_read: a schedule file read with its ops streamed (zp_sched_read_file, STREAM) is
  * the schedule the whole-tree reader gives, op for op, whatever the order of its keys; what
  * the tree reader refuses the stream refuses, and the readers say it in the tree's words. */
+#include "testutil.h"
 #include "zp_sched.h"
 #include "zp_util.h"
 
@@ -46,14 +47,7 @@ static void assert_same_schedule(const ZpSchedule *a, const ZpSchedule *b)
     g_assert_cmpuint(a->deps->len, ==, b->deps->len);
     g_assert_cmpint(memcmp(a->deps->data, b->deps->data, a->deps->len * sizeof(uint32_t)), ==,
                     0);
-    ZpCommGroup ga[ZP_SCHED_MAX_GROUPS], gb[ZP_SCHED_MAX_GROUPS];
-    const int n = zp_sched_groups(a, ga);
-    g_assert_cmpint(zp_sched_groups(b, gb), ==, n);
-    for (int g = 0; g < n; g++) {
-        g_assert_cmpstr(ga[g].name, ==, gb[g].name);
-        g_assert_cmpint(ga[g].ranks, ==, gb[g].ranks);
-        g_assert_cmpint(ga[g].stride, ==, gb[g].stride);
-    }
+    tu_assert_same_groups(a, b);
     g_assert_cmpint(a->world, ==, b->world);
     g_assert_cmpint(a->stages, ==, b->stages);
     g_assert_cmpint(a->digest, ==, b->digest);

@@ -183,6 +183,18 @@ ZpHw tu_load_hw(const char *name)
     return hw;
 }
 
+void tu_assert_same_groups(const ZpSchedule *a, const ZpSchedule *b)
+{
+    ZpCommGroup ga[ZP_SCHED_MAX_GROUPS], gb[ZP_SCHED_MAX_GROUPS];
+    const int n = zp_sched_groups(a, ga);
+    g_assert_cmpint(zp_sched_groups(b, gb), ==, n);
+    for (int g = 0; g < n; g++) {
+        g_assert_cmpstr(ga[g].name, ==, gb[g].name);
+        g_assert_cmpint(ga[g].ranks, ==, gb[g].ranks);
+        g_assert_cmpint(ga[g].stride, ==, gb[g].stride);
+    }
+}
+
 double tu_sequential_peak(const ZpSchedule *s, double at[ZP_MEM_N], double own[ZP_MEM_N])
 {
     double live[ZP_MEM_N], total = 0;
