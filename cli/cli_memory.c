@@ -296,6 +296,17 @@ static void print_verdict(const MemoryArgs *a)
                with_stage, with_need / GB, (a->hw.gpu_memory_bytes - with_need) / GB);
 }
 
+/* One stage's cell of a table, `width` wide: GB, or "n/a" for a stage the implementation
+ * does not have (Megatron's 2-3, FSDP's 1), whose figures would be the paper's formula for a
+ * plan that cannot run. */
+static void print_stage_cell(const MemoryArgs *a, int stage, double bytes, int width)
+{
+    if (has_stage(a, stage))
+        printf(" %*.3f", width, bytes / GB);
+    else
+        printf(" %*s", width, "n/a");
+}
+
 static void print_residual(const MemoryArgs *a, int gpus)
 {
     ZpResidual r[4];
@@ -340,23 +351,24 @@ static void print_residual(const MemoryArgs *a, int gpus)
         {"MoE all-to-all buffers", G_STRUCT_OFFSET(ZpResidual, moe_buffer_bytes)},
         {"CUDA context + allocator", G_STRUCT_OFFSET(ZpResidual, reserve_bytes)},
     };
-    printf("  %-28s %9.3f %9.3f %9.3f %9.3f\n",
-           offloads(a) ? "model states left on GPU" : "model states", m[0].total_bytes / GB,
-           m[1].total_bytes / GB, m[2].total_bytes / GB, m[3].total_bytes / GB);
+    printf("  %-28s", offloads(a) ? "model states left on GPU" : "model states");
+    for (int stage = 0; stage <= 3; stage++)
+        print_stage_cell(a, stage, m[stage].total_bytes, 9);
+    printf("\n");
     for (size_t i = 0; i < G_N_ELEMENTS(rows); i++) {
         printf("  %-28s", rows[i].label);
         for (int stage = 0; stage <= 3; stage++)
-            printf(" %9.3f", G_STRUCT_MEMBER(double, &r[stage], rows[i].offset) / GB);
+            print_stage_cell(a, stage, G_STRUCT_MEMBER(double, &r[stage], rows[i].offset), 9);
         printf("\n");
     }
     printf("  %-28s", "sum of the terms");
     for (int stage = 0; stage <= 3; stage++)
-        printf(" %9.3f", (m[stage].total_bytes + r[stage].total_bytes) / GB);
+        print_stage_cell(a, stage, m[stage].total_bytes + r[stage].total_bytes, 9);
     printf("\n");
     if (r[0].checkpoint_host_bytes > 0) {
         printf("  %-28s", "checkpoints in host memory");
         for (int stage = 0; stage <= 3; stage++)
-            printf(" %9.3f", r[stage].checkpoint_host_bytes / GB);
+            print_stage_cell(a, stage, r[stage].checkpoint_host_bytes, 9);
         printf("   (cpu_checkpointing; not in the total)\n");
     }
     if (simulated(a)) {
@@ -466,7 +478,7 @@ static void print_table(const MemoryArgs *a)
         const int gpus = (int)g_array_index(a->gpus, int64_t, i), dp = gpus / a->mp;
         printf("  %7d %7d", gpus, dp);
         for (int stage = 0; stage <= 3; stage++)
-            printf(" %10.3f", states(a, stage, gpus).total_bytes / GB);
+            print_stage_cell(a, stage, states(a, stage, gpus).total_bytes, 10);
         printf("\n");
     }
     if (zp_model_has_architecture(&a->model) || a->have_hw)
