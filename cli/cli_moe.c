@@ -98,11 +98,11 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
 }
 
 /* A simulated candidate's all-to-all seconds and model FLOPs, as `simulate` reports them: the
- * search's own run of it, kept (cli_rank_keep: the ranking callback returns the step and the memory only), or
- * where none was kept a run as the search makes one (cli_rank_simulate: built short where the
- * fold counts the rest); the closed form's where the schedule cannot be built or timed. Each
- * printed candidate's whole schedule built and stepped again was half of `plan` deepseek-v3
- * on 256 GPUs' time. */
+ * search's own run of it, kept (cli_rank_keep: the ranking callback returns the step and the
+ * memory only), or where none was kept a run as the search makes one (cli_rank_simulate: built
+ * short where the fold counts the rest); the closed form's all-to-all where the schedule
+ * cannot be built or timed. Each printed candidate's whole schedule built and stepped again was
+ * half of `plan` deepseek-v3 on 256 GPUs' time. */
 static void read_simulated(const ZpSearchSpec *spec, ZpMoeCandidate *c)
 {
     SimResult *r = spec->rank == cli_rank_by_simulation

@@ -43,7 +43,7 @@ void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
 typedef struct {
     int top_k;               /* the plans listed */
     gboolean json;           /* as JSON (`plan --json`'s keys where they mean the same) */
-    const char *html;        /* the verdict and the top plans as one page (`plan --html`), or NULL */
+    const char *html;        /* the verdict and the top plans as a page (`plan --html`), or NULL */
     const CliBudget *budget; /* plan 1's --tokens/--steps/--gpu-hour-price figures, or NULL */
 } CliMoeOutput;
 

@@ -94,10 +94,11 @@ static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GErr
 /* DeepSpeed's size knobs given as flags: cli_knobs_read. */
 static gboolean knobs_read(const SimulateFlags *f, const ZpPlan *plan, GError **error)
 {
-    const char *given[ZP_KNOB_N] = {
-        [ZP_KNOB_REDUCE_BUCKET] = f->reduce_bucket, [ZP_KNOB_ALLGATHER_BUCKET] = f->allgather_bucket,
-        [ZP_KNOB_PREFETCH_BUCKET] = f->prefetch_bucket, [ZP_KNOB_MAX_LIVE] = f->max_live,
-        [ZP_KNOB_PERSISTENCE] = f->persistence};
+    const char *given[ZP_KNOB_N] = {[ZP_KNOB_REDUCE_BUCKET] = f->reduce_bucket,
+                                    [ZP_KNOB_ALLGATHER_BUCKET] = f->allgather_bucket,
+                                    [ZP_KNOB_PREFETCH_BUCKET] = f->prefetch_bucket,
+                                    [ZP_KNOB_MAX_LIVE] = f->max_live,
+                                    [ZP_KNOB_PERSISTENCE] = f->persistence};
     return cli_knobs_read(plan->impl, given, error);
 }
 
