@@ -206,6 +206,14 @@ static int print_json(const MemoryArgs *a)
         for (int stage = 0; stage <= 3; stage++) {
             char key[16];
             g_snprintf(key, sizeof key, "stage%d", stage);
+            if (!has_stage(a, stage)) { /* no plan to size: null, as the text's "n/a" */
+                json_object_set_new(row, key, json_null());
+                json_object_set_new(detail, key, json_null());
+                json_object_set_new(comm, key, json_null());
+                json_object_set_new(residual, key, json_null());
+                json_object_set_new(needs, key, json_null());
+                continue;
+            }
             ZpModelStates m = states(a, stage, gpus);
             json_object_set_new(row, key, json_real(m.total_bytes));
             json_object_set_new(detail, key, states_json(m));

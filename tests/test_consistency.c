@@ -391,6 +391,18 @@ static void test_memory_states_fsdp(void)
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
     g_assert_nonnull(strstr(r.out, "       16      16    126.000     47.250        n/a        n/a"));
     tu_free(&r);
+    json_t *mg = tu_zplan_json("memory --params 7B --gpus 16 --impl megatron --precision bf16 "
+                               "--json");
+    json_t *row = json_array_get(json_object_get(mg, "rows"), 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(row, "stage1")), ==, 47.25e9);
+    for (int stage = 2; stage <= 3; stage++) {
+        char key[8];
+        g_snprintf(key, sizeof key, "stage%d", stage);
+        g_assert_true(json_is_null(json_object_get(row, key)));
+        g_assert_true(json_is_null(json_object_get(json_object_get(row, "model_states"), key)));
+        g_assert_true(json_is_null(json_object_get(json_object_get(row, "need_bytes"), key)));
+    }
+    json_decref(mg);
 }
 
 int main(int argc, char **argv)
