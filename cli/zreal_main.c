@@ -574,12 +574,15 @@ static gboolean buffers_fit(const Args *a, const ZpSchedule *s, const RealComm *
     return ok;
 }
 
-static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **error)
+static gboolean train(const Args *a, RealBackend *be, RealComm *comm, gboolean *every_rank,
+                      GError **error)
 {
     RealGroups groups = {0};
     RankPlan rp = {0};
     /* Its stage's view over its stage's DP group with a pipeline; else the whole schedule
-     * over the DP group the tensor degree leaves. */
+     * over the DP group the tensor degree leaves. A refusal here (the plan, its schedule, the
+     * buffers it needs) is every rank's alike: *every_rank. */
+    *every_rank = TRUE;
     ZpSchedule *full = schedule_and_groups(a, comm, &groups, error);
     if (full && !buffers_fit(a, full, comm, be, error)) {
         zp_sched_free(full); /* place_rank, which would own it, is not reached */
@@ -594,8 +597,10 @@ static gboolean train(const Args *a, RealBackend *be, RealComm *comm, GError **e
     RealTp *tp = groups.tp ? real_tp_new(groups.tp, be) : NULL;
     RealTrainConfig cfg = {.lr = (float)a->lr, .weight_decay = 0.0f, .seed = (uint64_t)a->seed,
                            .tp = tp, .pipe = rp.pipe};
+    /* the engine's checks of what it executes read the schedule alone (real_engine.c) */
     RealEngine *engine = real_engine_new(rp.run, be, rp.dp, &cfg, error);
     gboolean ok = engine != NULL;
+    *every_rank = !ok;
     if (ok) /* once the schedule is known to run here: a refusal stays one line */
         schedule_note(a, s, a->emulate || comm->rank == 0);
     double *loss = g_new0(double, a->steps), *local = g_new0(double, a->steps);
@@ -855,6 +860,7 @@ int main(int argc, char **argv)
     GError *error = NULL;
     RealBackend *be = NULL;
     RealComm *comm = NULL;
+    gboolean every_rank = FALSE; /* a failure every rank reaches alike (train) */
     /* Flags first: an emulating process never starts MPI. */
     gboolean ok = parse_args(&argc, &argv, &a, &error) && check_emulate_launch(&a, &error);
     int rank = a.emulate_rank;
@@ -883,10 +889,13 @@ int main(int argc, char **argv)
     if (ok && a.microbench)
         ok = microbench(&a, be, comm, &error);
     else if (ok)
-        ok = train(&a, be, comm, &error);
+        ok = train(&a, be, comm, &every_rank, &error);
     /* One line naming the rank. A peer's failure that every rank sees (a collective timed out,
-     * a peer died) is said by one rank only; the others wait a moment for it to be said. */
-    if (!ok && error && error->domain == REAL_COMM_ERROR && !real_watch_claim_report())
+     * a peer died), or a refusal every rank reaches alike (the plan, its schedule, what the
+     * engine executes: mpirun -np 4 printed the same line four times), is said by one rank
+     * only; the others wait a moment for it to be said. */
+    if (!ok && error && (error->domain == REAL_COMM_ERROR || every_rank) &&
+        !real_watch_claim_report())
         g_usleep(QUIET_RANK_WAIT_US);
     else if (!ok) {
         add_device_error(be, error);

@@ -131,6 +131,21 @@ static void test_bad_input(void)
     g_assert_false(g_spawn_check_wait_status(mpirun(2, "--model tiny --emulate 2", &err), NULL));
     g_assert_nonnull(strstr(err, "--emulate runs as one process; start it without mpirun"));
     g_free(err);
+    /* A refusal every rank reaches alike (the plan, what the engine executes) is said once,
+     * not once a rank */
+    static const char *const alike[] = {
+        "--model tiny --steps 1 --impl megatron --stage 1 --offload-optimizer cpu",
+        "--model tiny --steps 1 --impl fsdp --stage 3 --prefetch-bucket-size 10",
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(alike); i++) {
+        g_assert_false(g_spawn_check_wait_status(mpirun(4, alike[i], &err), NULL));
+        int lines = 0;
+        for (const char *at = err; (at = strstr(at, "zreal rank")); at++)
+            lines++;
+        g_test_message("%s: %d line(s)", alike[i], lines);
+        g_assert_cmpint(lines, ==, 1);
+        g_free(err);
+    }
     tu_stopped_teardown();
 }
 
