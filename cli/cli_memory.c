@@ -305,8 +305,8 @@ static void print_verdict(const MemoryArgs *a)
 }
 
 /* One stage's cell of a table, `width` wide: GB, or "n/a" for a stage the implementation
- * does not have (Megatron's 2-3, FSDP's 1), whose figures would be the paper's formula for a
- * plan that cannot run. */
+ * does not have (Megatron's 2-3, FSDP's 1, FSDP2's 0-1), whose figures would be the paper's
+ * formula for a plan that cannot run. */
 static void print_stage_cell(const MemoryArgs *a, int stage, double bytes, int width)
 {
     if (has_stage(a, stage))
