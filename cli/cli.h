@@ -112,11 +112,6 @@ void cli_print_defaults(void);
  * feature the plan carries that does nothing here. Printed by cli_print_defaults. */
 void cli_note(const char *format, ...) G_GNUC_PRINTF(1, 2);
 
-/* DeepSpeed's size knobs given as flags (given[k]: the flag's text, or NULL) that the plan's
- * implementation has no setting for (zp_impl_unread_knobs: FSDP's, Megatron-Core's but its
- * bucket) are refused, naming the first, as ZeRO++ is under FSDP2, rather than dropped in
- * silence (zplan simulate and zreal). */
-gboolean cli_knobs_read(ZpImplKind impl, const char *const given[ZP_KNOB_N], GError **error);
 /* The notes as a JSON array (a new reference; empty when none). */
 json_t *cli_notes_json(void);
 
@@ -142,6 +137,12 @@ gboolean cli_recompute(const char *recompute_flag, gboolean checkpoint_flag, ZpP
  * fused kernel, which any fused name ("flash", "flash2", ...) means and which runs in any dtype,
  * so no FlashAttention check; withdraws a default the flag overrides. */
 gboolean cli_attention_zreal(const char *attention_flag, ZpPlan *plan, GError **error);
+
+/* DeepSpeed's size knobs given as flags (given[k]: the flag's text, or NULL) that the plan's
+ * implementation has no setting for (zp_impl_unread_knobs: FSDP's, Megatron-Core's but its
+ * bucket) are refused, naming the first, as ZeRO++ is under FSDP2, rather than dropped in
+ * silence (zplan simulate and zreal). */
+gboolean cli_knobs_read(ZpImplKind impl, const char *const given[ZP_KNOB_N], GError **error);
 
 /* --kernels NAME: the kernel inventory (zp_inventory) a GPU profile's kernel_rates price, into
  * plan->kernels; without the flag plan->kernels stays "" (the one --impl names). An unknown

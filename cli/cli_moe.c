@@ -103,7 +103,7 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
  * short where the fold counts the rest); the closed form's all-to-all where the schedule
  * cannot be built or timed. Each printed candidate's whole schedule built and stepped again was
  * half of `plan` deepseek-v3 on 256 GPUs' time. */
-static void read_simulated(const ZpSearchSpec *spec, ZpMoeCandidate *c)
+void cli_moe_read_simulated(const ZpSearchSpec *spec, ZpMoeCandidate *c)
 {
     SimResult *r = spec->rank == cli_rank_by_simulation
                        ? cli_rank_take((const CliRankContext *)spec->rank_ctx, &c->plan)
@@ -152,6 +152,11 @@ static void print_best_of(const GArray *c, const char *what, gboolean pp)
     }
 }
 
+double cli_moe_tflops(const ZpMoeCandidate *c)
+{
+    return c->model_flops > 0 ? c->model_flops / c->step_s / 1e12 : NAN;
+}
+
 /* Samples a step of plan x trains. */
 static double step_samples(const ZpMoeCandidate *x)
 {
@@ -176,8 +181,8 @@ static json_t *candidate_json(const ZpSearchSpec *spec, const ZpMoeCandidate *x)
     json_object_set_new(o, "samples_per_s", json_real(samples / x->step_s));
     json_object_set_new(o, "tokens_per_s", json_real(tokens_per_s));
     json_object_set_new(o, "tokens_per_s_per_gpu", json_real(tokens_per_s / spec->gpus));
-    if (x->model_flops > 0) { /* its run read: as simulate reports it */
-        const double tflops = x->model_flops / x->step_s / 1e12;
+    const double tflops = cli_moe_tflops(x);
+    if (!isnan(tflops)) { /* its run read: as simulate reports it */
         json_object_set_new(o, "tflops_per_gpu", json_real(tflops));
         json_object_set_new(o, "mfu", json_real(tflops * 1e12 /
                                                 zp_hw_peak_flops(spec->hw, p->precision)));
@@ -254,7 +259,7 @@ static gboolean write_html(const ZpSearchSpec *spec, const GArray *c, int top_k,
                                    x->simulated ? "" : " (closed form)");
         const double samples = (double)p->dp * p->micro_batch * p->grad_accum;
         plans[i] = (CliReportPlan){whats[i], x->step_s, samples / x->step_s, x->memory_bytes,
-                                   x->model_flops > 0 ? x->model_flops / x->step_s / 1e12 : NAN};
+                                   cli_moe_tflops(x)};
     }
     const ZpMoeCandidate *first = c->len ? &g_array_index(c, ZpMoeCandidate, 0) : NULL;
     char *what = g_strdup_printf("%s (stage %d, EP %d)",
@@ -286,7 +291,7 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     /* The closed form's shortlist timed by the simulator, as the dense search ranks plans. */
     const guint timed = zp_moe_search_simulate(spec, all, (guint)MAX(top_k, 1) * 4);
     for (guint i = 0; i < timed; i++)
-        read_simulated(spec, &g_array_index(all, ZpMoeCandidate, i));
+        cli_moe_read_simulated(spec, &g_array_index(all, ZpMoeCandidate, i));
     GArray *c = g_array_new(FALSE, FALSE, sizeof(ZpMoeCandidate));
     for (guint i = 0; i < all->len; i++) {
         const ZpMoeCandidate *x = &g_array_index(all, ZpMoeCandidate, i);

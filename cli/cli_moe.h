@@ -7,6 +7,7 @@
 #include "zp_hw.h"
 #include "zp_model.h"
 #include "zp_plan.h"
+#include "zp_moe_search.h"
 #include "zp_search.h"
 
 #include <glib.h>
@@ -38,6 +39,13 @@ double cli_moe_states_bytes(const ZpModel *model, const ZpPlan *plan, int stage,
 /* The expert-parallel section as JSON (a json_t *) for a plan: EP, expert and dense parameters
  * per rank, a sparse layer's tokens and buffers, its all-to-all (hw may be NULL: no time). */
 void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw);
+
+/* A candidate zp_moe_search_simulate timed: its all-to-all seconds and model FLOPs from its run
+ * (alltoall_s, model_flops), as `simulate` reports them. */
+void cli_moe_read_simulated(const ZpSearchSpec *spec, ZpMoeCandidate *c);
+/* Its model TFLOP/s per GPU as `simulate` reports them (its run's model FLOPs over its step):
+ * NAN where no run was read. */
+double cli_moe_tflops(const ZpMoeCandidate *c);
 
 /* What `plan` prints of a mixture of experts' search. */
 typedef struct {

@@ -79,27 +79,18 @@ static gboolean overlap_flag(const SimulateFlags *f, ZpZeroConfig *zero, GError 
     return TRUE;
 }
 
-static gboolean zero_size_flags(const SimulateFlags *f, ZpZeroConfig *zero, GError **error)
+/* DeepSpeed's size knobs as given, set on the plan; those its implementation has no setting
+ * for are refused (cli_knobs_read). */
+static gboolean zero_size_flags(const SimulateFlags *f, ZpPlan *plan, GError **error)
 {
     const char *texts[ZP_KNOB_N] = {
         [ZP_KNOB_REDUCE_BUCKET] = f->reduce_bucket, [ZP_KNOB_ALLGATHER_BUCKET] = f->allgather_bucket,
         [ZP_KNOB_PREFETCH_BUCKET] = f->prefetch_bucket, [ZP_KNOB_MAX_LIVE] = f->max_live,
         [ZP_KNOB_PERSISTENCE] = f->persistence};
     for (int k = 0; k < ZP_KNOB_N; k++)
-        if (texts[k] && !zp_zero_knob_set(zero, (ZpZeroKnob)k, texts[k], error))
+        if (texts[k] && !zp_zero_knob_set(&plan->zero, (ZpZeroKnob)k, texts[k], error))
             return FALSE;
-    return TRUE;
-}
-
-/* DeepSpeed's size knobs given as flags: cli_knobs_read. */
-static gboolean knobs_read(const SimulateFlags *f, const ZpPlan *plan, GError **error)
-{
-    const char *given[ZP_KNOB_N] = {[ZP_KNOB_REDUCE_BUCKET] = f->reduce_bucket,
-                                    [ZP_KNOB_ALLGATHER_BUCKET] = f->allgather_bucket,
-                                    [ZP_KNOB_PREFETCH_BUCKET] = f->prefetch_bucket,
-                                    [ZP_KNOB_MAX_LIVE] = f->max_live,
-                                    [ZP_KNOB_PERSISTENCE] = f->persistence};
-    return cli_knobs_read(plan->impl, given, error);
+    return cli_knobs_read(plan->impl, texts, error);
 }
 
 /* The flags that say a plan, and which other source of the plan refuses them rather than
@@ -441,12 +432,12 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
         return FALSE;
     zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */
     const gboolean ok =
-        overlap_flag(f, &plan->zero, error) && zero_size_flags(f, &plan->zero, error) &&
+        overlap_flag(f, &plan->zero, error) && zero_size_flags(f, plan, error) &&
         cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error) &&
         cli_offload_tuning(&f->tuning, &plan->zero, error);
     if (ok && hw)
         cli_note_inert_features(plan);
-    return ok && knobs_read(f, plan, error);
+    return ok;
 }
 
 /* The plan from --megatron-args, --ds-config or the flags, its kernel priced as eager's work

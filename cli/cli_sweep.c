@@ -3,9 +3,8 @@
  * .png) whose title states what it assumes and where what does not fit stays visible. */
 #include "cli.h"
 #include "cli_progress.h"
-#include "sim_engine.h"
+#include "cli_moe.h"
 #include "zp_mem.h"
-#include "zp_moe_search.h"
 #include "zp_outpath.h"
 #include "zp_util.h"
 
@@ -159,20 +158,17 @@ static gboolean moe_tflops_row(const ZpSearchSpec *spec, CliRankContext *rank, S
     for (int stage = 0; stage <= 3; stage++) {
         row->stage[stage] = NAN;
         for (guint i = 0; i < all->len; i++) { /* the simulated ones first, the best first */
-            const ZpMoeCandidate *c = &g_array_index(all, ZpMoeCandidate, i);
+            ZpMoeCandidate *c = &g_array_index(all, ZpMoeCandidate, i);
             if (c->plan.zero.stage != stage || !c->simulated || !c->fits)
                 continue;
-            SimResult *r = cli_rank_take(rank, &c->plan);
-            if (!r)
-                r = cli_rank_simulate(spec->model, spec->hw, &c->plan, 0, NULL, NULL);
-            if (r && r->step_time_s > 0) {
-                row->stage[stage] = r->model_flops / r->step_time_s / 1e12;
+            cli_moe_read_simulated(spec, c);
+            row->stage[stage] = cli_moe_tflops(c);
+            if (!isnan(row->stage[stage])) {
                 char *cell = options_cell(&c->plan);
                 row->options[stage] = g_strdup_printf("%s%sEP %d", cell, *cell ? " + " : "",
                                                       zp_plan_ep(&c->plan));
                 g_free(cell);
             }
-            sim_result_free(r);
             break;
         }
     }

@@ -430,17 +430,6 @@ static void append_mlp(const ZpModel *model, int l, GArray *t, NamesSeen *names)
 
 /* The per-unit tensor table: one row per tensor, sizes as products of the dimensions; a
  * row whose flag is off (a bias the model lacks, a norm's bias under RMSNorm) is left out. */
-const GArray *zp_model_tensors_kept(ZpModelTensorsKept *kept, const ZpModel *model)
-{
-    if (!kept->tensors || memcmp(&kept->model, model, sizeof *model) != 0) {
-        if (kept->tensors)
-            g_array_unref(kept->tensors);
-        kept->tensors = zp_model_tensors(model);
-        memcpy(&kept->model, model, sizeof *model);
-    }
-    return kept->tensors;
-}
-
 GArray *zp_model_tensors(const ZpModel *model)
 {
     GArray *t = g_array_new(FALSE, FALSE, sizeof(ZpTensor));
@@ -466,6 +455,17 @@ GArray *zp_model_tensors(const ZpModel *model)
                               {{"lm_head.weight", L + 1, V * h, TRUE}, !model->tied_embeddings}};
     append_rows(t, last, G_N_ELEMENTS(last), &names);
     return t;
+}
+
+const GArray *zp_model_tensors_kept(ZpModelTensorsKept *kept, const ZpModel *model)
+{
+    if (!kept->tensors || memcmp(&kept->model, model, sizeof *model) != 0) {
+        if (kept->tensors)
+            g_array_unref(kept->tensors);
+        kept->tensors = zp_model_tensors(model);
+        memcpy(&kept->model, model, sizeof *model);
+    }
+    return kept->tensors;
 }
 
 gboolean zp_model_unit_sparse(const ZpModel *model, int unit)
