@@ -277,7 +277,7 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     if (ok && kernel_checked(f)) {
         char *key = f->attention ? g_strdup("--attention")
                                  : g_strdup_printf("%s: attention_kernel", f->ds_config);
-        ok = zp_hw_attention_check(hw, plan->attention, plan->precision, key, error);
+        ok = zp_hw_attention_runs(hw, plan->attention, plan->precision, key, error);
         g_free(key);
     }
     if (ok && (f->checkpoint || f->recompute))
@@ -349,7 +349,7 @@ static gboolean megatron_args_plan(const SimulateFlags *f, const ZpModel *model,
     else if (ok && kernel_checked(f)) {
         /* --use-flash-attn in fp32 or below sm80 stops in flash_api.cpp mha_fwd. */
         char *key = g_strdup_printf("%s: --use-flash-attn", f->megatron_args);
-        ok = zp_hw_attention_check(hw, plan->attention, plan->precision, key, error);
+        ok = zp_hw_attention_runs(hw, plan->attention, plan->precision, key, error);
         g_free(key);
     }
     plan->gpus_per_node = hw ? hw->gpus_per_node : 0;

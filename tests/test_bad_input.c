@@ -163,6 +163,7 @@ static const BadCase cases[] = {
     {"zplan schedule --model tiny --gpus 2 --stage 1 --micro-batch 1 --attention mem-efficient --out {D}/s.json", NULL, "zplan schedule: --attention: zreal does not run mem-efficient"},
     {"zplan schedule --model tiny --cluster dgx-h100 --gpus 2 --precision fp32 --ds-config {IN} --out {D}/s.json", "{\"train_micro_batch_size_per_gpu\": 1, \"attention_kernel\": \"mem-efficient\"}", "{IN}: attention_kernel: zreal does not run mem-efficient"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN}", "{\"train_micro_batch_size_per_gpu\": 1, \"attention_kernel\": \"flash2\"}", "{IN}: attention_kernel: flash2 takes only fp16 or bf16 inputs, not fp32"},
+    {"zplan simulate --model tiny --cluster dgx-b200 --gpus 8 --ds-config {IN}", "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, \"attention_kernel\": \"flash2\"}", "{IN}: attention_kernel: dgx-b200 has no rate for 'flash2' in its attention table"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --ds-config {IN} --reduce-dtype fp32", "{\"train_micro_batch_size_per_gpu\": 1, \"communication_data_type\": \"bf16\"}", "--reduce-dtype fp32 contradicts {IN}'s communication_data_type bf16"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --overlap --no-overlap", NULL, "--overlap"},
     {"zplan simulate --model tiny --cluster dgx-h100 --gpus 8 --stage 1 --micro-batch 1 --trace {T}/missing/t.json", NULL, "--trace: cannot write in directory '{T}/missing'"},

@@ -155,6 +155,20 @@ static void test_cli(void)
     g_assert_nonnull(strstr(r.err, "--megatron-args plans are --impl megatron's"));
     tu_free(&r);
     g_free(args);
+    /* --use-flash-attn where the profile rates no FlashAttention (dgx-b200 has no attention
+     * table): refused naming the file and flag, as --attention flash2 is, not later by the
+     * cost model without either. */
+    args = g_strdup_printf("simulate --model models/hf/llama-2-70b --cluster dgx-b200 --gpus 64 "
+                           "--megatron-args %s", path);
+    r = tu_zplan(args);
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    char *expected = g_strdup_printf("%s: --use-flash-attn: dgx-b200 has no rate for 'flash2'",
+                                     path);
+    g_assert_true(g_str_has_prefix(r.err, "zplan simulate: ") && strstr(r.err, expected));
+    g_assert_true(strchr(r.err, '\n') == r.err + strlen(r.err) - 1); /* one line */
+    g_free(expected);
+    tu_free(&r);
+    g_free(args);
     g_unlink(path);
     g_free(path);
 }

@@ -331,14 +331,9 @@ static gboolean check_spec(const ZpSearchSpec *spec, GError **error)
         bad = owned = g_strdup_printf("--precision: %s (%s) has no %s peak in its profile",
                                       spec->hw->name, spec->hw->gpu,
                                       zp_precision_name(spec->precision));
-    else if (!zp_hw_attention_check(spec->hw, spec->attention, spec->precision, "--attention",
-                                    &kernel_error))
+    else if (!zp_hw_attention_runs(spec->hw, spec->attention, spec->precision, "--attention",
+                                   &kernel_error))
         bad = owned = g_strdup(kernel_error->message);
-    else if (zp_attention_fused(spec->attention) &&
-             !zp_hw_attention_unrated(spec->hw, spec->attention) &&
-             zp_hw_attention_flops_per_s(spec->hw, spec->attention, 64, m->seq_len) <= 0)
-        bad = owned = g_strdup_printf("--attention: %s has no rate for '%s' in its attention "
-                                      "table", spec->hw->name, zp_attention_name(spec->attention));
     else if (spec->mp > 0 && (m->heads % spec->mp || spec->gpus % spec->mp ||
                               (spec->hw->gpus_per_node % spec->mp &&
                                (!spec->three_d || spec->mp % spec->hw->gpus_per_node))))

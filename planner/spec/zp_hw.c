@@ -487,11 +487,17 @@ gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision pr
         g_free(shown);
         return ok;
     }
-    if (!zp_attention_parse(text, flag, out, error) ||
-        !zp_hw_attention_check(hw, *out, precision, flag, error))
+    return zp_attention_parse(text, flag, out, error) &&
+           zp_hw_attention_runs(hw, *out, precision, flag, error);
+}
+
+gboolean zp_hw_attention_runs(const ZpHw *hw, ZpAttention kernel, ZpPrecision precision,
+                              const char *flag, GError **error)
+{
+    if (!zp_hw_attention_check(hw, kernel, precision, flag, error))
         return FALSE;
-    if (hw && *out != ZP_ATTN_EAGER && !hw->attention[*out].present &&
-        !zp_attention_eager_work_unrated(*out)) {
+    if (hw && kernel != ZP_ATTN_EAGER && !hw->attention[kernel].present &&
+        !zp_attention_eager_work_unrated(kernel)) {
         /* Offer only what runs here in this dtype. */
         GString *listed = g_string_new("eager");
         if (hw->attention_default != ZP_ATTN_EAGER &&
@@ -503,7 +509,7 @@ gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision pr
                 g_string_append_printf(listed, ", %s", zp_attention_name((ZpAttention)k));
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: %s has no rate for '%s' in its attention table (choose from %s)", flag,
-                    hw->name, text, listed->str);
+                    hw->name, zp_attention_name(kernel), listed->str);
         g_string_free(listed, TRUE);
         return FALSE;
     }

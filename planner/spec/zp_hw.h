@@ -148,6 +148,14 @@ gboolean zp_hw_attention_unrated(const ZpHw *hw, ZpAttention kernel);
 gboolean zp_hw_attention_choose(const ZpHw *hw, const char *text, ZpPrecision precision,
                                 const char *flag, ZpAttention *out, GError **error);
 
+/* Whether `kernel` runs in `precision` on hw (zp_hw_attention_check) and hw can time it: a
+ * fused kernel its attention table rates, eager, or one whose work is priced as eager's
+ * (zp_hw_attention_unrated). A kernel a config file names (--megatron-args' --use-flash-attn,
+ * a ds_config's attention_kernel) is checked here as --attention's is. Fails naming the flag
+ * and the kernels hw can time. */
+gboolean zp_hw_attention_runs(const ZpHw *hw, ZpAttention kernel, ZpPrecision precision,
+                              const char *flag, GError **error);
+
 /* The rate at which a fused kernel does the model's attention FLOPs (4 b s^2 h forward,
  * twice that backward, the s^2 counted whole as in Megatron's count) on this profile: the
  * table's figure at the nearest head dimension, interpolated in log2 of the sequence length
