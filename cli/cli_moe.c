@@ -6,6 +6,7 @@
 #include "cli_report.h"
 #include "sim_engine.h"
 #include "zp_sched.h"
+#include "zp_dsconfig.h"
 #include "zp_ep.h"
 #include "zp_moe_search.h"
 #include "zp_outpath.h"
@@ -280,6 +281,26 @@ static gboolean write_html(const ZpSearchSpec *spec, const GArray *c, int top_k,
     return ok;
 }
 
+/* Where plan 1's DeepSpeed config went and where its experts are set: AutoEP's
+ * expert_parallel section in the file, dropless (zp_dsconfig_to_json), or with a capacity
+ * factor a deepspeed.moe.layer.MoE's ep_size and capacity_factor in the model's code, which
+ * simulate takes as flags beside the file. */
+static void print_ds_config_written(const char *path, const ZpPlan *plan)
+{
+    printf("\nDeepSpeed config of plan 1 written to %s", path);
+    const int ep = zp_plan_ep(plan);
+    if (ep > 1 && plan->experts.capacity_factor <= 0)
+        printf(" (its expert_parallel section is AutoEP's, autoep_size %d: every token "
+               "routed)\n", ep);
+    else if (ep > 1)
+        printf("\n  (EP %d with capacity factor %g is deepspeed.moe.layer.MoE's ep_size and "
+               "capacity_factor, in the model's code: simulate --ds-config %s --ep %d "
+               "--capacity-factor %g)\n",
+               ep, plan->experts.capacity_factor, path, ep, plan->experts.capacity_factor);
+    else
+        printf("\n");
+}
+
 int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboolean ep_given,
                  const CliMoeOutput *out, GError **error)
 {
@@ -300,7 +321,10 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     }
     const guint screened = all->len;
     g_array_unref(all);
-    if (out->html && !write_html(spec, c, top_k, out->html, error)) {
+    const gboolean any = c->len > 0 && g_array_index(c, ZpMoeCandidate, 0).fits;
+    if ((out->html && !write_html(spec, c, top_k, out->html, error)) ||
+        (out->ds_config && any &&
+         !zp_dsconfig_write(&g_array_index(c, ZpMoeCandidate, 0).plan, out->ds_config, error))) {
         g_array_unref(c);
         return -1;
     }
@@ -321,7 +345,6 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
            m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
            MAX(experts->skew, 1.0),
            experts->capacity_factor > 0 ? "capacity factor" : "dropless", timed);
-    const gboolean any = c->len > 0 && g_array_index(c, ZpMoeCandidate, 0).fits;
     print_header();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)
         print_candidate((int)i + 1, &g_array_index(c, ZpMoeCandidate, i));
@@ -350,6 +373,8 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
         if (budget)
             printf("Plan 1: %s\n", budget);
         g_free(budget);
+        if (out->ds_config)
+            print_ds_config_written(out->ds_config, &b->plan);
     } else {
         printf("\nNo plan fits in %.1f GB a GPU.\n", spec->hw->gpu_memory_bytes / GB);
     }

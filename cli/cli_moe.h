@@ -53,6 +53,7 @@ typedef struct {
     gboolean json;           /* as JSON (`plan --json`'s keys where they mean the same) */
     const char *html;        /* the verdict and the top plans as a page (`plan --html`), or NULL */
     const CliBudget *budget; /* plan 1's --tokens/--steps/--gpu-hour-price figures, or NULL */
+    const char *ds_config;   /* where plan 1's DeepSpeed config goes (--ds-config), or NULL */
 } CliMoeOutput;
 
 /* `plan` for a mixture of experts: zp_moe_search's candidates (ep > 0: that EP only), the top

@@ -849,9 +849,10 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
                     gboolean offload, GError **error)
 {
     /* --3d adds nothing here: the MoE search tries pipelines whenever --global-batch is set. */
-    if (a->ds_config || offload) {
+    if (offload) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--ds-config/--offload-*: not yet for a mixture of experts");
+                    "--offload-*: not yet for a mixture of experts (its schedule offloads no "
+                    "experts)");
         return cli_fail("plan", *error);
     }
     ZpSearchSpec spec;
@@ -867,7 +868,7 @@ static int moe_plan(const PlanArgs *a, const ZpExpertConfig *experts, gboolean e
     spec.exclude = a->exclude; /* checkpoint: the rest are techniques it never schedules */
     g_strlcpy(spec.kernels, a->kernels.kernels, sizeof spec.kernels);
     cli_rank_keep(&rank); /* the shortlist's runs, whose all-to-all the table prints */
-    const CliMoeOutput out = {a->top_k, a->json, a->html, &a->budget};
+    const CliMoeOutput out = {a->top_k, a->json, a->html, &a->budget, a->ds_config};
     const int status = cli_moe_plan(&spec, experts, ep_given, &out, error);
     cli_rank_clear(&rank);
     return status < 0 ? cli_fail("plan", *error) : status;

@@ -9,6 +9,7 @@
 #include "sim_trace.h"
 #include "zp_cost.h"
 #include "zp_dsconfig.h"
+#include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_megatron_args.h"
 #include "zp_offload.h"
@@ -143,10 +144,11 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--offload-optimizer", f->offload_optimizer != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--offload-param", f->offload_param != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--nvme-path", f->nvme_path != NULL, FROM_BOTH | FROM_MEGATRON},
-        /* the ds_config and Megatron readers take no expert parallelism yet */
-        {"--ep", f->ep != NULL, FROM_BOTH | FROM_MEGATRON},
-        {"--capacity-factor", f->capacity_factor != NULL, FROM_BOTH | FROM_MEGATRON},
-        {"--expert-skew", f->expert_skew != NULL, FROM_BOTH | FROM_MEGATRON},
+        /* beside --ds-config, a deepspeed.moe.layer.MoE's (the model's code) or AutoEP's
+         * degree again (zp_dsconfig: expert_parallel); the Megatron reader takes no experts */
+        {"--ep", f->ep != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--capacity-factor", f->capacity_factor != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--expert-skew", f->expert_skew != NULL, FROM_SCHEDULE | FROM_MEGATRON},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -197,9 +199,11 @@ static void print_warning(const char *warning)
     g_free(line);
 }
 
-/* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp)
- * and, for "auto" (as the Hugging Face Trainer fills it from its arguments), --micro-batch,
- * --grad-accum, --precision and the optimizer from the flags; --checkpoint turns
+/* --ds-config FILE: the plan is the user's DeepSpeed config, with the degrees (--gpus, --mp,
+ * and a mixture of experts' --ep, --capacity-factor and --expert-skew, which a
+ * deepspeed.moe.layer.MoE takes in the model's code) and, for "auto" (as the Hugging Face
+ * Trainer fills it from its arguments), --micro-batch, --grad-accum, --precision and the
+ * optimizer from the flags; --checkpoint turns
  * checkpointing on (the Trainer's gradient_checkpointing lives outside the config). A flag
  * that contradicts a concrete value of the file is an error naming both; the ZeRO knobs'
  * flags would say the plan a second time and are refused. */
@@ -222,7 +226,8 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     if (!cli_precision_optimizer(f->precision, f->optimizer, model, hw, &launch.precision,
                                  &launch.optimizer, error) ||
         !cli_int(f->micro_batch, "--micro-batch", 1, 1e6, 1, &launch.micro_batch, error) ||
-        !cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &launch.grad_accum, error))
+        !cli_int(f->grad_accum, "--grad-accum", 1, 1e6, 1, &launch.grad_accum, error) ||
+        !cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &launch.experts, error))
         return FALSE;
     ZpPlan kernels = launch;
     if (!cli_attention_reduce(f->attention, f->reduce_dtype, hw, launch.precision, &kernels,
@@ -288,6 +293,9 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     double cpu_s;
     if (ok && hw && kernel_checked(f) && plan->zero.offload_optimizer.device != ZP_OFFLOAD_NONE)
         ok = zp_offload_cpu_time_s(hw, 0, 1, &cpu_s, error);
+    /* --ep beside the file (expert_parallel's autoep_size the reader checked), before them too */
+    if (ok && f->ep)
+        ok = zp_ep_check(model, plan, "--ep", error);
     /* What is not modeled is said only of a config that is taken: a refused one gets its
      * error line alone. */
     for (guint i = 0; ok && i < warnings->len; i++)
@@ -428,7 +436,8 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
         (!kernel_checked(f) && f->attention && !cli_attention_zreal(f->attention, plan, error)) ||
         !cli_recompute(f->recompute, f->checkpoint, plan, error))
         return FALSE;
-    if (!cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &plan->experts, error))
+    if (!cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &plan->experts, error) ||
+        !zp_ep_check(model, plan, "--ep", error))
         return FALSE;
     zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */
     const gboolean ok =
@@ -733,7 +742,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[56])
         {"precision", 0, 0, G_OPTION_ARG_STRING, &f->precision, "fp16, bf16 or fp32 (default: the model's torch_dtype where the GPU has it, else fp16)", "P"},
         {"optimizer", 0, 0, G_OPTION_ARG_STRING, &f->optimizer, "adam (default), sgd-momentum, sgd or adam-8bit", "O"},
         {"megatron-args", 0, 0, G_OPTION_ARG_FILENAME, &f->megatron_args, "Take the plan from Megatron-LM's launch flags (a file of pretrain_gpt.py's arguments: --tensor-model-parallel-size, --use-distributed-optimizer, ...; with --gpus; --impl megatron)", "FILE"},
-        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp)", "FILE"},
+        {"ds-config", 0, 0, G_OPTION_ARG_FILENAME, &f->ds_config, "Take the plan from a DeepSpeed ds_config.json (with --gpus; its tensor_parallel.autotp_size or --mp, expert_parallel.autoep_size or --ep)", "FILE"},
         CLI_SEQ_ENTRY(&f->seq),
         {"attention", 0, 0, G_OPTION_ARG_STRING, &f->attention, "eager, flash (the profile's fused kernel), a kernel its attention table lists, or mem-efficient (SDPA's memory-efficient kernel: a fused kernel's memory, eager's time where unrated) (default: what PyTorch's SDPA picks there for the dtype; mem-efficient in fp32)", "K"},
         {"reduce-dtype", 0, 0, G_OPTION_ARG_STRING, &f->reduce_dtype, "Gradient reduction dtype fp32, bf16 or fp16 (default: the gradients')", "D"},

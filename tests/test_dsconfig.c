@@ -5,6 +5,7 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <glib/gstdio.h>
 #include <string.h>
 
@@ -163,11 +164,110 @@ static void test_all_reduce_fetch(void)
     g_free(path), g_free(dir);
 }
 
+/* One `simulate --ds-config` run of `config` (written to path) with `flags`: its step time
+ * (NAN where it failed), its stderr in *err (g_free) and its exit status in *status. */
+static double ds_step_s(const char *path, const char *config, const char *flags, char **err,
+                        int *status)
+{
+    g_assert_true(g_file_set_contents(path, config, -1, NULL));
+    char *args = g_strdup_printf("simulate --cluster dgx-h100 --seq 512 --ds-config %s %s --json",
+                                 path, flags);
+    TuRun r = tu_zplan(args);
+    g_free(args);
+    g_assert_true(WIFEXITED(r.status));
+    *status = WEXITSTATUS(r.status);
+    json_t *root = *status == 1 ? NULL : json_loads(r.out, 0, NULL);
+    const double step_s = root ? json_number_value(json_object_get(root, "step_time_s")) : NAN;
+    json_decref(root);
+    *err = g_strdup(r.err);
+    tu_free(&r);
+    return step_s;
+}
+
+/* expert_parallel (DeepSpeed's AutoEP) sets the expert-parallel degree: the same step as
+ * --ep's, and as --ep beside a config without the section (a deepspeed.moe.layer.MoE's
+ * ep_size, in the model's code); what contradicts it fails in one line naming the key, and
+ * what zplan does not model of it warns. */
+static void test_expert_parallel(void)
+{
+    char *dir = g_dir_make_tmp("zplan-dsconfig-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "ds.json", NULL);
+    const char *head = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, "
+                       "\"zero_optimization\": {\"stage\": 1}";
+    const char *mixtral = "--model hf/mixtral-8x7b --gpus 16";
+    char *err;
+    int status;
+    char *config = g_strdup_printf("%s, \"expert_parallel\": {\"enabled\": true, "
+                                   "\"autoep_size\": 4, \"preset_model\": \"mixtral\"}}", head);
+    const double autoep_s = ds_step_s(path, config, mixtral, &err, &status);
+    g_assert_cmpint(status, ==, 0);
+    g_assert_null(strstr(err, "expert_parallel")); /* preset_model finds layers: silent */
+    g_free(err);
+    char *plain = g_strdup_printf("%s}", head);
+    char *flags = g_strdup_printf("%s --ep 4", mixtral);
+    g_assert_cmpfloat(ds_step_s(path, plain, flags, &err, &status), ==, autoep_s);
+    g_free(err);
+    g_assert_cmpfloat(ds_step_s(path, plain, mixtral, &err, &status), !=, autoep_s); /* EP 1 */
+    g_free(err);
+    char *ep_flags = g_strdup_printf("simulate --cluster dgx-h100 --seq 512 %s --stage 1 "
+                                     "--micro-batch 1 --precision bf16 --ep 4 --json", mixtral);
+    json_t *by_flags = tu_zplan_json(ep_flags);
+    g_assert_cmpfloat(json_number_value(json_object_get(by_flags, "step_time_s")), ==, autoep_s);
+    json_decref(by_flags);
+    g_free(ep_flags);
+    const struct {
+        const char *section, *flags, *message;
+    } bad[] = {
+        {"\"enabled\": true, \"autoep_size\": 4", "--ep 2",
+         "expert_parallel: autoep_size 4 disagrees with the launch's expert-parallel degree 2"},
+        {"\"enabled\": true, \"autoep_size\": 4", "--capacity-factor 1.25",
+         "AutoEP routes every token"},
+        {"\"enabled\": true, \"autoep_size\": 3", "", "autoep_size 3 must divide the 8 experts"},
+        {"\"enabled\": true, \"top_k\": 1", "", "top_k 1 is not mixtral-8x7b's 2"},
+        {"\"enabled\": true, \"expert_tensor_parallel_size\": 2", "",
+         "expert_tensor_parallel_size 2 is not modeled"},
+        {"\"enabled\": true, \"autoep_sise\": 4", "", "unknown key \"expert_parallel.autoep_sise\""},
+        {"\"enabled\": \"yes\"", "", "key \"enabled\" must be true or false"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        char *text = g_strdup_printf("%s, \"expert_parallel\": {%s}}", head, bad[i].section);
+        char *more = g_strdup_printf("%s %s", mixtral, bad[i].flags);
+        ds_step_s(path, text, more, &err, &status);
+        g_test_message("%s %s -> %s", text, more, err);
+        g_assert_cmpint(status, ==, 1);
+        g_assert_nonnull(strstr(err, bad[i].message));
+        g_assert_true(strchr(err, '\n') == err + strlen(err) - 1); /* one line */
+        g_free(err), g_free(text), g_free(more);
+    }
+    const struct {
+        const char *model, *section, *warning;
+    } warned[] = {
+        {"--model gpt-13b --gpus 16", "\"enabled\": true, \"autoep_size\": 4",
+         "gpt-13b is dense: AutoEP finds no MoE block to replace"},
+        {mixtral, "\"enabled\": true, \"autoep_size\": 4, \"use_grouped_mm\": false",
+         "an expert's GEMMs one by one are not modeled"},
+        {mixtral, "\"enabled\": true, \"autoep_size\": 4, \"score_func\": \"sigmoid\"",
+         "read but not modeled (ignored): expert_parallel.score_func"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(warned); i++) {
+        char *text = g_strdup_printf("%s, \"expert_parallel\": {%s}}", head, warned[i].section);
+        ds_step_s(path, text, warned[i].model, &err, &status);
+        g_assert_cmpint(status, ==, 0);
+        g_assert_nonnull(strstr(err, warned[i].warning));
+        g_free(err), g_free(text);
+    }
+    g_free(config), g_free(plain), g_free(flags);
+    g_remove(path);
+    g_rmdir(dir);
+    g_free(path), g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/dsconfig/real-world-configs", test_real_world_configs);
     g_test_add_func("/dsconfig/contradictions", test_contradictions);
     g_test_add_func("/dsconfig/all-reduce-fetch", test_all_reduce_fetch);
+    g_test_add_func("/dsconfig/expert-parallel", test_expert_parallel);
     return g_test_run();
 }

@@ -447,11 +447,13 @@ static void test_ep_refusals(void)
         {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --stage 3 --seq 512 "
          "--micro-batch 1 --ep 3",
          "ep: 3 does not divide the 8 experts of mixtral-8x7b"},
+        /* beside --ds-config, --ep is the model code's (deepspeed.moe.layer.MoE's ep_size) */
         {"simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 --seq 512 "
-         "--ep 2 --ds-config tests/data/ds_config/hf_zero2.json",
-         "--ep: the plan comes from --ds-config"},
-        {"plan --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 64 --seq 512 --ds-config x.json",
-         "--ds-config/--offload-*: not yet for a mixture of experts"},
+         "--ep 3 --ds-config tests/data/ds_config/dse_leaf_zero3.json",
+         "--ep: 3 does not divide the 8 experts of mixtral-8x7b"},
+        {"plan --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 64 --seq 512 "
+         "--offload-optimizer cpu",
+         "--offload-*: not yet for a mixture of experts"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cli); i++) {
         TuRun run = tu_zplan(cli[i].args);

@@ -1,6 +1,6 @@
 /* test_moe_plan: a mixture of experts through the commands that plan it: `memory`'s need and
  * states against `simulate`'s, `plan`'s shortlist, table, JSON, page and budget against
- * `simulate` of its plans, `plan --exclude`, and `sweep --metric tflops`. */
+ * `simulate` of its plans, `plan --exclude`, `plan --ds-config`, and `sweep --metric tflops`. */
 #include "cli.h"
 #include "testutil.h"
 #include "zp_moe_search.h"
@@ -280,6 +280,59 @@ static void test_sweep_tflops(void)
     g_free(csv_path), g_free(args), g_free(prefix), g_free(dir);
 }
 
+/* `plan --ds-config` for a mixture of experts writes plan 1's config, its EP as AutoEP's
+ * expert_parallel section where every token is routed, and `simulate --ds-config` of the file
+ * gives plan 1's step to the bit; with a capacity factor the section is left out (a
+ * deepspeed.moe.layer.MoE sets ep_size in the model's code) and the same step comes back with
+ * --ep and --capacity-factor beside the file. Offload stays refused. */
+static void test_plan_ds_config(void)
+{
+    char *dir = g_dir_make_tmp("zplan-moe-ds-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "ds.json", NULL);
+    const char *common = "--model moe-tiny --cluster dgx-b200 --gpus 8";
+    const char *capacities[] = {NULL, "1.25"};
+    for (size_t i = 0; i < G_N_ELEMENTS(capacities); i++) {
+        char *cf = capacities[i] ? g_strdup_printf(" --capacity-factor %s", capacities[i])
+                                 : g_strdup("");
+        char *args = g_strdup_printf("plan %s --global-batch 64 --ep 4%s --ds-config %s --json",
+                                     common, cf, path);
+        json_t *plan = tu_zplan_json(args);
+        g_free(args);
+        json_t *best = json_object_get(plan, "best");
+        g_assert_cmpint(json_integer_value(json_object_get(best, "ep")), ==, 4);
+        const double step_s = json_number_value(json_object_get(best, "step_time_s"));
+        json_error_t jerr;
+        json_t *file = json_load_file(path, 0, &jerr);
+        g_assert_nonnull(file);
+        json_t *section = json_object_get(file, "expert_parallel");
+        if (capacities[i]) {
+            g_assert_null(section);
+        } else {
+            g_assert_true(json_is_true(json_object_get(section, "enabled")));
+            g_assert_cmpint(json_integer_value(json_object_get(section, "autoep_size")), ==, 4);
+        }
+        json_decref(file);
+        args = g_strdup_printf("simulate %s --ds-config %s%s%s --json", common, path,
+                               capacities[i] ? " --ep 4" : "", cf);
+        json_t *sim = tu_zplan_json_fit_or_not(args);
+        g_free(args);
+        g_assert_cmpfloat(json_number_value(json_object_get(sim, "step_time_s")), ==, step_s);
+        json_decref(sim);
+        json_decref(plan);
+        g_free(cf);
+        g_unlink(path);
+    }
+    char *args = g_strdup_printf("plan %s --offload-optimizer cpu", common);
+    TuRun r = tu_zplan(args);
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_nonnull(strstr(r.err, "--offload-*: not yet for a mixture of experts"));
+    tu_free(&r);
+    g_free(args);
+    g_rmdir(dir);
+    g_free(path);
+    g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -288,5 +341,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-plan/plan-alltoall-is-simulate", test_plan_alltoall_is_simulate);
     g_test_add_func("/moe-plan/sweep-tflops", test_sweep_tflops);
     g_test_add_func("/moe-plan/plan-exclude-checkpoint", test_plan_exclude_checkpoint);
+    g_test_add_func("/moe-plan/plan-ds-config", test_plan_ds_config);
     return g_test_run();
 }

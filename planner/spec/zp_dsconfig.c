@@ -65,7 +65,7 @@ static const KeySpec top_keys[] = {
      * comm/constants.py) that move no bytes zplan counts for a dense model */
     IGNORED("comms_logger"), IGNORED("gradient_allreduce_op"), IGNORED("log_level"),
     IGNORED("managed_gradient_accumulation"), IGNORED("vocabulary_size"),
-    IGNORED("expert_parallel"), IGNORED("use_data_before_expert_parallelism"),
+    OWN("expert_parallel"), IGNORED("use_data_before_expert_parallelism"),
     OWN("torch_autocast"),
 };
 
@@ -123,6 +123,26 @@ static const KeySpec zero_keys[] = {
 static const KeySpec tensor_parallel_keys[] = {
     OWN("autotp_size"), IGNORED("tp_overlap_comm"), IGNORED("partition_config"),
     IGNORED("injection_policy_tuple"), IGNORED("keep_module_on_host"),
+};
+
+/* expert_parallel (DeepSpeed's AutoEP: deepspeed/module_inject/auto_ep_config.py
+ * parse_autoep_config, engine.py _configure_expert_parallel): "enabled" and "autoep_size", the
+ * expert-parallel degree, are read; "top_k" must be the model's where it is a number (zplan
+ * routes the model's) and "expert_tensor_parallel_size" 1. The keys that only find the layers
+ * (preset_model, the patterns, the weights' and config attributes' names, the shared experts')
+ * have no bearing on a step and are taken silently, as are use_grouped_mm and
+ * grouped_mm_backend where they keep the grouped GEMMs zplan prices (zp_inventory_moe); the
+ * router's arithmetic (route_norm, score_func, ...) is not modeled. */
+static const KeySpec expert_parallel_keys[] = {
+    OWN("enabled"), OWN("autoep_size"), OWN("top_k"), OWN("expert_tensor_parallel_size"),
+    OWN("preset_model"), OWN("moe_layer_pattern"), OWN("expert_pattern"),
+    OWN("router_pattern"), OWN("expert_w1"), OWN("expert_w2"), OWN("expert_w3"),
+    OWN("num_experts_attr"), OWN("top_k_attr"), OWN("has_shared_experts"),
+    OWN("shared_experts_pattern"),
+    OWN("use_grouped_mm"), OWN("grouped_mm_backend"), IGNORED("route_norm"),
+    IGNORED("route_scale"), IGNORED("score_apply"), IGNORED("score_func"),
+    IGNORED("num_expert_groups"), IGNORED("num_limited_groups"), IGNORED("load_balance_coeff"),
+    IGNORED("routed_scaling_factor"),
 };
 
 /* pipeline (deepspeed/runtime/config.py get_pipeline_config: stages "auto", partition "best",
@@ -586,6 +606,84 @@ static gboolean read_pipeline(json_t *root, const char *path, ZpPlan *p, GPtrArr
     return ok;
 }
 
+/* AutoEP over the launch's plan: autoep_size (with top_k and expert_tensor_parallel_size as
+ * read) becomes the plan's expert-parallel degree, or the first thing it contradicts fails
+ * naming the key: a launch EP other than 1 that disagrees, the launch's capacity factor (that
+ * of a deepspeed.moe.layer.MoE in the model's code: AutoEP's router, TorchTitan's, routes
+ * every token), a top_k not the model's, expert tensor parallelism, and a degree that does
+ * not divide the experts and the data-parallel ranks (zplan places EP inside DP;
+ * validate_autoep_config asks it of the stage's ranks). */
+static gboolean apply_autoep(const char *what, const ZpModel *model, int64_t size, int64_t top_k,
+                             int64_t etp, ZpPlan *p, GError **error)
+{
+    const int64_t experts = model->moe.experts;
+    char *bad = NULL;
+    if (p->experts.ep != 1 && p->experts.ep != size)
+        bad = g_strdup_printf("autoep_size %" G_GINT64_FORMAT " disagrees with the launch's "
+                              "expert-parallel degree %d", size, p->experts.ep);
+    else if (p->experts.capacity_factor > 0)
+        bad = g_strdup_printf("enabled: AutoEP routes every token (TorchTitan's router, no "
+                              "capacity), so the launch's capacity factor %g cannot apply",
+                              p->experts.capacity_factor);
+    else if (top_k && top_k != model->moe.top_k)
+        bad = g_strdup_printf("top_k %" G_GINT64_FORMAT " is not %s's %" G_GINT64_FORMAT
+                              " (zplan routes the model's top-k)", top_k, model->name,
+                              model->moe.top_k);
+    else if (etp != 1)
+        bad = g_strdup_printf("expert_tensor_parallel_size %" G_GINT64_FORMAT " is not "
+                              "modeled (1: each expert whole on its rank)", etp);
+    else if (experts % size != 0 || p->dp % size != 0)
+        bad = g_strdup_printf("autoep_size %" G_GINT64_FORMAT " must divide the %" G_GINT64_FORMAT
+                              " experts of %s and the %d data-parallel ranks", size, experts,
+                              model->name, p->dp);
+    if (bad) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s", what, bad);
+        g_free(bad);
+        return FALSE;
+    }
+    p->experts.ep = (int)size;
+    return TRUE;
+}
+
+/* expert_parallel enabled (apply_autoep); absent or disabled, the launch's experts stand. A
+ * dense model has no MoE block for AutoEP to replace: a warning. */
+static gboolean read_expert_parallel(json_t *root, const char *path, const ZpModel *model,
+                                     ZpPlan *p, GPtrArray *warnings, GError **error)
+{
+    json_t *section;
+    if (!get_section(root, path, "expert_parallel", &section, error))
+        return FALSE;
+    if (!section)
+        return TRUE;
+    char *what = g_strdup_printf("%s: expert_parallel", path);
+    gboolean enabled = FALSE, grouped = TRUE;
+    const char *backend = NULL;
+    int64_t size = 1, etp = 1, top_k = 0;
+    gboolean ok = check_section(section, path, "expert_parallel.", expert_parallel_keys,
+                                G_N_ELEMENTS(expert_parallel_keys), warnings, error) &&
+                  zp_json_get_bool(section, what, "enabled", FALSE, &enabled, error) &&
+                  zp_json_get_int(section, what, "autoep_size", FALSE, 1, 65536, &size, error) &&
+                  zp_json_get_int(section, what, "expert_tensor_parallel_size", FALSE, 1, 65536,
+                                  &etp, error) &&
+                  (is_auto(json_object_get(section, "top_k")) ||
+                   zp_json_get_int(section, what, "top_k", FALSE, 1, 1 << 20, &top_k, error)) &&
+                  zp_json_get_bool(section, what, "use_grouped_mm", FALSE, &grouped, error) &&
+                  zp_json_get_string(section, what, "grouped_mm_backend", FALSE, &backend, error);
+    /* auto_ep_layer: without grouped_mm, or on the "sequential" backend, a rank's experts run
+     * one GEMM each */
+    if (ok && enabled && (!grouped || (backend && strcmp(backend, "sequential") == 0)))
+        warn(warnings, path, "expert_parallel.", grouped ? "grouped_mm_backend" : "use_grouped_mm",
+             "an expert's GEMMs one by one are not modeled: priced as one grouped GEMM");
+    if (ok && enabled && !zp_moe_enabled(&model->moe))
+        g_ptr_array_add(warnings, g_strdup_printf("%s: enabled, but %s is dense: AutoEP finds "
+                                                  "no MoE block to replace (ignored)",
+                                                  what, model->name));
+    else if (ok && enabled)
+        ok = apply_autoep(what, model, size, top_k, etp, p, error);
+    g_free(what);
+    return ok;
+}
+
 /* ---- batch ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -727,7 +825,8 @@ static gboolean from_json(void *json_object, const char *what, const ZpModel *mo
     if (!read_sequence_parallel(root, what, error) ||
         !read_tensor_parallel(root, what, &p, warnings, error) ||
         !read_checkpointing(root, what, &p.checkpoint, &p.ckpt, warnings, error) ||
-        !read_pipeline(root, what, &p, warnings, error))
+        !read_pipeline(root, what, &p, warnings, error) ||
+        !read_expert_parallel(root, what, model, &p, warnings, error))
         return FALSE;
     const int64_t dp = p.dp;
     BatchKey train = {"train_batch_size", 0, FALSE};
@@ -844,6 +943,11 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
         json_object_set_new(root, "communication_data_type",
                             json_string(zp_reduce_dtype_name(plan->reduce_dtype)));
     json_object_set_new(root, "attention_kernel", json_string(zp_attention_name(plan->attention)));
+    /* Expert parallelism as AutoEP's: every token routed. A capacity factor is a
+     * deepspeed.moe.layer.MoE's, whose ep_size is set in the model's code, not here. */
+    if (plan->experts.ep > 1 && plan->experts.capacity_factor <= 0)
+        json_object_set_new(root, "expert_parallel", json_pack("{s:b, s:i}", "enabled", TRUE,
+                                                               "autoep_size", plan->experts.ep));
     if (zp_plan_pp(plan) > 1) {
         json_t *pipe = json_pack("{s:i, s:s, s:i}", "stages", zp_plan_pp(plan),
                                  "partition_method", zp_partition_name(plan->pipe.partition),

@@ -36,8 +36,11 @@
  * pipeline engine: 1F1B, gradient_accumulation_steps micro-batches) splits the launch's world
  * dp x mp x stages again; pipeline.partition_method ("uniform" or "parameters", the argument
  * of DeepSpeed's PipelineModule) places the layers; pipeline.activation_checkpoint_interval 1
- * checkpoints every block. The writer records every choice of the plan, autotp_size and the
- * pipeline section included.
+ * checkpoints every block. expert_parallel (DeepSpeed's AutoEP) enabled sets a mixture of
+ * experts' degree to its autoep_size, every token routed; without it the launch's experts
+ * stand (a deepspeed.moe.layer.MoE's, in the model's code). The writer records every choice of
+ * the plan, autotp_size, the pipeline section and, where every token is routed over EP > 1,
+ * expert_parallel included.
  *
  * Keys DeepSpeed knows that zplan does not model (optimizer, scheduler, offload_*, ...) are
  * listed in one line appended to `warnings` (g_free'd strings, never NULL), unknown top-level
