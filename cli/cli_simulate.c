@@ -145,10 +145,12 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--offload-param", f->offload_param != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--nvme-path", f->nvme_path != NULL, FROM_BOTH | FROM_MEGATRON},
         /* beside --ds-config, a deepspeed.moe.layer.MoE's (the model's code) or AutoEP's
-         * degree again (zp_dsconfig: expert_parallel); the Megatron reader takes no experts */
+         * degree again (zp_dsconfig: expert_parallel); Megatron's are its flags
+         * (--expert-model-parallel-size, --moe-expert-capacity-factor); the skew is no
+         * framework's setting but the routing's load, beside either */
         {"--ep", f->ep != NULL, FROM_SCHEDULE | FROM_MEGATRON},
         {"--capacity-factor", f->capacity_factor != NULL, FROM_SCHEDULE | FROM_MEGATRON},
-        {"--expert-skew", f->expert_skew != NULL, FROM_SCHEDULE | FROM_MEGATRON},
+        {"--expert-skew", f->expert_skew != NULL, FROM_SCHEDULE},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -345,6 +347,10 @@ static gboolean megatron_args_plan(const SimulateFlags *f, const ZpModel *model,
     gboolean attention_set = FALSE;
     gboolean ok = zp_megatron_args_read(f->megatron_args, model, gpus, plan, &attention_set,
                                         warnings, error);
+    ZpExpertConfig skew;
+    if (ok && f->expert_skew &&
+        (ok = cli_moe_parse(model, NULL, NULL, f->expert_skew, &skew, error)))
+        plan->experts.skew = skew.skew;
     if (ok && attention_set && f->attention &&
         strcmp(f->attention, zp_attention_name(plan->attention)) != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "--attention %s contradicts %s's %s",

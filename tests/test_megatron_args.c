@@ -98,7 +98,7 @@ static void test_refusals(void)
         {"--micro-batch-size", "--micro-batch-size needs a value"},
         {"--recompute-granularity full", "--recompute-granularity full: only"},
         {"--recompute-granularity partial", "--recompute-granularity: unknown value"},
-        {"--num-experts 8", "--num-experts is refused: mixture-of-experts"},
+        {"--num-experts 8", "--num-experts: llama-2-70b is dense"},
         {"--global-batch-size 65", "--global-batch-size 65 is not a multiple"},
         {"--tensor-model-parallel-size 3", "does not divide the 64 GPUs"},
         {"--context-parallel-size 2", "context parallelism is not modeled"},
@@ -173,11 +173,127 @@ static void test_cli(void)
     g_free(path);
 }
 
+/* Parses `args` (shell words) for `model` on `gpus` GPUs into *p: whether it was taken, the
+ * error or the warnings joined in *said (g_free). */
+static gboolean parse_words(const char *args, const ZpModel *model, int gpus, ZpPlan *p,
+                            char **said)
+{
+    int argc;
+    char **argv;
+    g_assert_true(g_shell_parse_argv(args, &argc, &argv, NULL));
+    gboolean attention;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    GError *error = NULL;
+    const gboolean ok = zp_megatron_args_parse(argc, argv, "moe.sh", model, gpus, p, &attention,
+                                               warnings, &error);
+    g_ptr_array_add(warnings, NULL);
+    *said = ok ? g_strjoinv("\n", (char **)warnings->pdata) : g_strdup(error->message);
+    g_clear_error(&error);
+    g_ptr_array_unref(warnings);
+    g_strfreev(argv);
+    return ok;
+}
+
+/* Megatron-Core's mixture of experts (transformer_config.py, model_parallel_config.py): the
+ * expert-parallel degree and capacity from its flags, each contradiction of the model or of
+ * what zplan times one line naming the flag, what it prices otherwise a warning; and from the
+ * command line the same step as the flags' plan, --expert-skew beside the file. */
+static void test_moe(void)
+{
+    const ZpModel m = tu_load_model("models/hf/mixtral-8x7b");
+    const char *base = "--num-experts 8 --moe-token-dispatcher-type alltoall --moe-grouped-gemm "
+                       "--tensor-model-parallel-size 2 --bf16";
+    ZpPlan p;
+    char *said;
+    char *args = g_strdup_printf("%s --expert-model-parallel-size 4 "
+                                 "--moe-expert-capacity-factor 1.25 "
+                                 "--moe-pad-expert-input-to-capacity --moe-ffn-hidden-size 14336",
+                                 base);
+    g_assert_true(parse_words(args, &m, 16, &p, &said));
+    g_assert_cmpint(p.experts.ep, ==, 4);
+    g_assert_cmpfloat(p.experts.capacity_factor, ==, 1.25);
+    g_assert_cmpint(p.mp, ==, 2);
+    g_assert_cmpstr(said, ==, "");
+    g_free(said), g_free(args);
+    const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--tensor-model-parallel-size 2", "--num-experts: absent, Megatron builds a dense model"},
+        {"--num-experts 16", "--num-experts is 16 but the model (mixtral-8x7b) has 8"},
+        {"--num-experts 8 --moe-router-topk 1", "--moe-router-topk is 1 (2 when absent) but the model"},
+        {"--num-experts 8 --moe-token-dispatcher-type alltoall --expert-model-parallel-size 3",
+         "--expert-model-parallel-size 3 does not divide the 8 experts"},
+        {"--num-experts 8 --expert-model-parallel-size 2",
+         "--moe-token-dispatcher-type allgather (Megatron's default) over EP > 1 is not modeled"},
+        {"--num-experts 8 --moe-token-dispatcher-type flex", "flex (DeepEP and its kin)"},
+        {"--num-experts 8 --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1",
+         "--expert-tensor-parallel-size 1: experts split otherwise"},
+        {"--num-experts 8 --moe-ffn-hidden-size 1408", "--moe-ffn-hidden-size is 1408"},
+        {"--num-experts 8 --moe-layer-recompute", "--moe-layer-recompute is refused"},
+        {"--num-experts 8 --moe-token-dispatcher-type all2all", "unknown value 'all2all'"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_assert_false(parse_words(bad[i].args, &m, 16, &p, &said));
+        g_test_message("%s: %s", bad[i].args, said);
+        g_assert_true(g_str_has_prefix(said, "moe.sh: "));
+        g_assert_nonnull(strstr(said, bad[i].says));
+        g_free(said);
+    }
+    const ZpModel dsv3 = tu_load_model("models/hf/deepseek-v3");
+    g_assert_false(parse_words("--num-experts 256 --moe-router-topk 8", &dsv3, 16, &p, &said));
+    g_assert_nonnull(strstr(said, "--moe-layer-freq: 1 (the default) makes all 61 layers "
+                                  "sparse, but deepseek-v3 has 58"));
+    g_free(said);
+    g_assert_true(parse_words("--num-experts 256 --moe-router-topk 8 --moe-layer-freq "
+                              "'([0]*3+[1]*58)' --moe-expert-capacity-factor 1.0",
+                              &dsv3, 16, &p, &said));
+    g_assert_nonnull(strstr(said, "without --moe-grouped-gemm"));
+    g_assert_nonnull(strstr(said, "sized as padded to the capacity"));
+    g_assert_nonnull(strstr(said, "--moe-layer-freq: the pattern is not checked"));
+    g_free(said);
+    const ZpModel dense = tu_load_model("models/gpt-13b.json");
+    g_assert_false(parse_words("--expert-model-parallel-size 2", &dense, 16, &p, &said));
+    g_assert_nonnull(strstr(said, "--expert-model-parallel-size: gpt-13b is dense"));
+    g_free(said);
+    /* The command line: the step of the same plan given as flags; --expert-skew beside the
+     * file, --ep refused there (the file's --expert-model-parallel-size says it). */
+    char *words = g_strdup_printf("pretrain_gpt.py %s --expert-model-parallel-size 4 "
+                                  "--micro-batch-size 1 --global-batch-size 32 "
+                                  "--use-distributed-optimizer --use-flash-attn", base);
+    char *path = write_args(words);
+    const char *common = "simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 16 --seq 512";
+    for (int skewed = 0; skewed <= 1; skewed++) {
+        const char *skew = skewed ? " --expert-skew 1.5" : "";
+        args = g_strdup_printf("%s --megatron-args %s%s --json", common, path, skew);
+        json_t *from_file = tu_zplan_json_fit_or_not(args);
+        g_free(args);
+        args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --ep 4 --micro-batch 1 "
+                               "--grad-accum 4 --precision bf16 --no-overlap --attention flash "
+                               "--reduce-dtype fp32 --reduce-bucket-size 40000000%s --json",
+                               common, skew);
+        json_t *from_flags = tu_zplan_json_fit_or_not(args);
+        g_free(args);
+        g_assert_cmpfloat(json_number_value(json_object_get(from_file, "step_time_s")), ==,
+                          json_number_value(json_object_get(from_flags, "step_time_s")));
+        json_decref(from_file);
+        json_decref(from_flags);
+    }
+    args = g_strdup_printf("%s --megatron-args %s --ep 2", common, path);
+    TuRun r = tu_zplan(args);
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_nonnull(strstr(r.err, "--ep: the plan comes from --megatron-args"));
+    tu_free(&r);
+    g_free(args), g_free(words);
+    g_unlink(path);
+    g_free(path);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/megatron-args/plan", test_plan);
     g_test_add_func("/megatron-args/refusals", test_refusals);
     g_test_add_func("/megatron-args/cli", test_cli);
+    g_test_add_func("/megatron-args/moe", test_moe);
     return g_test_run();
 }

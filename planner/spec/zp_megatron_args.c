@@ -12,10 +12,19 @@ typedef struct {
     gboolean sp, dist_opt, overlap_grad, overlap_param, bf16, fp16, fp32_grads, bf16_grads;
     gboolean flash, unfused, no_overlap_p2p;
     gboolean selective, full, uniform, sgd;
+    /* Megatron-Core's mixture of experts (transformer_config.py, model_parallel_config.py):
+     * experts 0 when --num-experts is absent, etp 0 when --expert-tensor-parallel-size is
+     * (then the dense TP), capacity 0 (None: dropless), dispatcher 0 allgather (the default),
+     * 1 alltoall, 2 flex; layer_freq the --moe-layer-freq text (NULL: 1) */
+    double experts, ep, etp, topk, capacity;
+    gboolean grouped_gemm, pad_capacity;
+    int dispatcher;
+    const char *layer_freq;
 } Args;
 
 typedef enum {
     A_NUMBER,  /* a whole number into a double of Args */
+    A_REAL,    /* a number into a double of Args */
     A_SWITCH,  /* no value: sets a gboolean of Args */
     A_MODEL,   /* a whole number that must equal the model's (ModelDim) */
     A_CHOICE,  /* a word: handled by its own rule (choice) */
@@ -23,7 +32,8 @@ typedef enum {
 } ArgKind;
 
 typedef enum {
-    DIM_LAYERS, DIM_HIDDEN, DIM_HEADS, DIM_SEQ, DIM_FFN, DIM_GROUPS, DIM_KV_CHANNELS
+    DIM_LAYERS, DIM_HIDDEN, DIM_HEADS, DIM_SEQ, DIM_FFN, DIM_GROUPS, DIM_KV_CHANNELS,
+    DIM_EXPERT_FFN, DIM_SHARED_FFN
 } ModelDim;
 
 typedef struct {
@@ -36,6 +46,7 @@ typedef struct {
 } ArgRule;
 
 #define NUM(f, field, lo, hi) {f, A_NUMBER, G_STRUCT_OFFSET(Args, field), lo, hi, 0, NULL}
+#define REAL(f, field, lo, hi) {f, A_REAL, G_STRUCT_OFFSET(Args, field), lo, hi, 0, NULL}
 #define SW(f, field) {f, A_SWITCH, G_STRUCT_OFFSET(Args, field), 0, 0, 0, NULL}
 #define DIM(f, d) {f, A_MODEL, 0, 0, 0, d, NULL}
 
@@ -73,7 +84,21 @@ static const ArgRule rules[] = {
     {"--optimizer", A_CHOICE, 0, 0, 0, 0, NULL},
     {"--no-scatter-gather-tensors-in-pipeline", A_REFUSE, 0, 0, 0, 0,
      "pipeline sends without scatter/gather are not modeled under --impl megatron"},
-    {"--num-experts", A_REFUSE, 0, 0, 0, 0, "mixture-of-experts models are not modeled"},
+    /* a mixture of experts (moe_plan); the router's and the aux loss's knobs have no bearing */
+    NUM("--num-experts", experts, 1, 1 << 20),
+    NUM("--expert-model-parallel-size", ep, 1, 65536),
+    NUM("--expert-tensor-parallel-size", etp, 1, 65536),
+    NUM("--moe-router-topk", topk, 1, 1 << 20),
+    /* transformer_config.py: a negative capacity factor is None (dropless) */
+    REAL("--moe-expert-capacity-factor", capacity, -1e3, 1e3),
+    SW("--moe-grouped-gemm", grouped_gemm),
+    SW("--moe-pad-expert-input-to-capacity", pad_capacity),
+    DIM("--moe-ffn-hidden-size", DIM_EXPERT_FFN),
+    DIM("--moe-shared-expert-intermediate-size", DIM_SHARED_FFN),
+    {"--moe-token-dispatcher-type", A_CHOICE, 0, 0, 0, 0, NULL},
+    {"--moe-layer-freq", A_CHOICE, 0, 0, 0, 0, NULL},
+    {"--moe-layer-recompute", A_REFUSE, 0, 0, 0, 0,
+     "recomputing the MoE layers alone is not modeled (full or selective recomputation is)"},
     SW("--overlap-param-gather", overlap_param),
     /* arguments.py: batch_p2p_comm = not overlap_p2p_comm, and batch_p2p_sync's default
      * synchronizes the device after each batch (p2p_communication.py _communicate) */
@@ -91,6 +116,8 @@ static int64_t model_dim(const ZpModel *m, ModelDim d)
     case DIM_FFN: return m->ffn_hidden;
     case DIM_GROUPS: return zp_model_kv_heads(m);
     case DIM_KV_CHANNELS: return zp_model_head_dim(m);
+    case DIM_EXPERT_FFN: return m->moe.expert_ffn;
+    case DIM_SHARED_FFN: return m->moe.shared_ffn;
     }
     return 0;
 }
@@ -120,10 +147,16 @@ static gboolean choice(const char *what, const char *flag, const char *value, Ar
     static const char *const method[] = {"uniform", "block", NULL};
     static const char *const backend[] = {"auto", "flash", "fused", "unfused", "local", NULL};
     static const char *const optimizer[] = {"adam", "sgd", NULL};
+    static const char *const dispatcher[] = {"allgather", "alltoall", "flex", NULL};
     int v;
     char *name = g_strdup_printf("%s: %s", what, flag);
     gboolean ok = TRUE;
-    if (strcmp(flag, "--recompute-granularity") == 0) {
+    if (strcmp(flag, "--moe-layer-freq") == 0) {
+        a->layer_freq = value; /* an integer or a Python list expression: moe_plan */
+    } else if (strcmp(flag, "--moe-token-dispatcher-type") == 0) {
+        ok = zp_parse_choice(value, name, dispatcher, &v, error);
+        a->dispatcher = ok ? v : 0;
+    } else if (strcmp(flag, "--recompute-granularity") == 0) {
         ok = zp_parse_choice(value, name, granularity, &v, error);
         a->full = ok && v == 0;
         a->selective = a->selective || (ok && v == 1);
@@ -169,12 +202,12 @@ static gboolean take(const char *what, const ZpModel *model, const char *flag, c
     double v;
     char *name = g_strdup_printf("%s: %s", what, flag);
     const double hi = r->kind == A_MODEL ? 1e12 : r->max;
-    const gboolean ok = zp_parse_number(value, name, r->kind == A_MODEL ? 1 : r->min, hi, TRUE,
-                                        &v, error);
+    const gboolean ok = zp_parse_number(value, name, r->kind == A_MODEL ? 1 : r->min, hi,
+                                        r->kind != A_REAL, &v, error);
     g_free(name);
     if (!ok)
         return FALSE;
-    if (r->kind == A_NUMBER) {
+    if (r->kind == A_NUMBER || r->kind == A_REAL) {
         G_STRUCT_MEMBER(double, a, r->offset) = v;
         return TRUE;
     }
@@ -239,11 +272,93 @@ static gboolean degrees(const char *what, const ZpModel *model, int gpus, const 
     return TRUE;
 }
 
+/* What a mixture of experts' flags contradict (the model, the degrees, what zplan times), as
+ * text, or NULL. Megatron builds a dense model without --num-experts, routes top-2 without
+ * --moe-router-topk and makes every layer sparse without --moe-layer-freq (1); its experts
+ * split over the dense layers' TP unless --expert-tensor-parallel-size says otherwise
+ * (model_parallel_config.py), which zplan's experts do (zp_ep); EP is taken from the
+ * data-parallel ranks; its default dispatcher all-gathers the tokens over the EP group
+ * (allgather), where zplan times the all-to-all's grouped send/recv. */
+static char *moe_contradiction(const ZpModel *model, const Args *a, int dp)
+{
+    const ZpMoe *moe = &model->moe;
+    const int64_t sparse = zp_moe_sparse_layers(moe, model->layers);
+    if (!zp_moe_enabled(moe)) {
+        const char *flag = a->experts > 0 ? "--num-experts"
+                           : a->ep > 1    ? "--expert-model-parallel-size"
+                                          : NULL;
+        return flag ? g_strdup_printf("%s: %s is dense", flag, model->name) : NULL;
+    }
+    if (a->experts == 0)
+        return g_strdup_printf("--num-experts: absent, Megatron builds a dense model, but %s is "
+                               "a mixture of %" G_GINT64_FORMAT " experts", model->name,
+                               moe->experts);
+    if ((int64_t)a->experts != moe->experts)
+        return g_strdup_printf("--num-experts is %.0f but the model (%s) has %" G_GINT64_FORMAT,
+                               a->experts, model->name, moe->experts);
+    if ((int64_t)a->topk != moe->top_k)
+        return g_strdup_printf("--moe-router-topk is %.0f (2 when absent) but the model (%s) "
+                               "routes to %" G_GINT64_FORMAT, a->topk, model->name, moe->top_k);
+    if ((!a->layer_freq || strcmp(a->layer_freq, "1") == 0) && sparse != model->layers)
+        return g_strdup_printf("--moe-layer-freq: 1 (the default) makes all %" G_GINT64_FORMAT
+                               " layers sparse, but %s has %" G_GINT64_FORMAT, model->layers,
+                               model->name, sparse);
+    if (a->etp > 0 && a->etp != a->tp)
+        return g_strdup_printf("--expert-tensor-parallel-size %.0f: experts split otherwise than "
+                               "the dense layers' TP (%.0f) are not modeled", a->etp, a->tp);
+    if (fmod((double)moe->experts, a->ep) != 0 || dp % (int)a->ep != 0)
+        return g_strdup_printf("--expert-model-parallel-size %.0f does not divide the %"
+                               G_GINT64_FORMAT " experts and the data-parallel size %d", a->ep,
+                               moe->experts, dp);
+    if (a->dispatcher == 2)
+        return g_strdup("--moe-token-dispatcher-type flex (DeepEP and its kin) is not modeled");
+    if (a->dispatcher == 0 && a->ep > 1)
+        return g_strdup("--moe-token-dispatcher-type allgather (Megatron's default) over EP > 1 "
+                        "is not modeled: zplan times the all-to-all (alltoall)");
+    return NULL;
+}
+
+/* The flags' mixture of experts into plan->experts (dropless without a capacity factor, every
+ * expert loaded alike), with a warning each for what it prices otherwise than Megatron runs:
+ * without --moe-grouped-gemm a rank's experts run one GEMM each (SequentialMLP); without
+ * --moe-pad-expert-input-to-capacity the dispatch carries the kept tokens, not the capacity;
+ * a --moe-layer-freq pattern is not checked against the model's sparse layers. */
+static gboolean moe_plan(const char *what, const ZpModel *model, const Args *a, ZpPlan *plan,
+                         GPtrArray *warnings, GError **error)
+{
+    char *bad = moe_contradiction(model, a, plan->dp);
+    if (bad) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s", what, bad);
+        g_free(bad);
+        return FALSE;
+    }
+    if (!zp_moe_enabled(&model->moe))
+        return TRUE;
+    plan->experts.ep = (int)a->ep;
+    plan->experts.capacity_factor = a->capacity > 0 ? a->capacity : 0;
+    const struct {
+        gboolean when;
+        const char *says;
+    } notes[] = {
+        {!a->grouped_gemm, "without --moe-grouped-gemm a rank's experts run one GEMM each "
+                           "(SequentialMLP): priced as grouped GEMMs"},
+        {a->capacity > 0 && !a->pad_capacity,
+         "--moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity sends the "
+         "tokens kept: sized as padded to the capacity"},
+        {a->layer_freq && strcmp(a->layer_freq, "1") != 0,
+         "--moe-layer-freq: the pattern is not checked; the model's sparse layers are used"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(notes); i++)
+        if (notes[i].when)
+            g_ptr_array_add(warnings, g_strdup_printf("%s: %s", what, notes[i].says));
+    return TRUE;
+}
+
 gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const ZpModel *model,
                                 int gpus, ZpPlan *plan, gboolean *attention_set,
                                 GPtrArray *warnings, GError **error)
 {
-    Args a = {.tp = 1, .pp = 1, .micro = 1};
+    Args a = {.tp = 1, .pp = 1, .micro = 1, .ep = 1, .topk = 2};
     GString *ignored = g_string_new(NULL);
     int first = 0;
     for (int i = 0; i < argc; i++)
@@ -272,7 +387,8 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                     "--recompute-num-layers 1 (every layer from its input) is modeled", what);
         ok = FALSE;
     }
-    ok = ok && degrees(what, model, gpus, &a, plan, error);
+    ok = ok && degrees(what, model, gpus, &a, plan, error) &&
+         moe_plan(what, model, &a, plan, warnings, error);
     if (ok) {
         plan->precision = a.bf16 ? ZP_PREC_BF16 : a.fp16 ? ZP_PREC_FP16 : ZP_PREC_FP32;
         plan->optimizer = a.sgd ? ZP_OPT_SGD_MOMENTUM : ZP_OPT_ADAM;

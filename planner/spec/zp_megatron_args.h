@@ -24,9 +24,11 @@
  * batch the data-parallel micro-batches do not divide, and flags that change memory or time
  * in ways zplan does not model (--recompute-method with --recompute-num-layers, partial
  * recomputation; --no-scatter-gather-tensors-in-pipeline; --context-parallel-size above 1;
- * --num-experts) fail naming the file and flag. Flags with no bearing on a step's memory or
- * time (learning rate, data, checkpoint paths, logging, ...) are listed in one line appended
- * to `warnings` (g_free'd strings). *attention_set says whether the flags chose the
+ * --moe-layer-recompute) fail naming the file and flag. A mixture of experts' flags
+ * (--num-experts, --expert-model-parallel-size, --moe-expert-capacity-factor, ...) set
+ * plan->experts where they agree with `model` and with what zplan times (moe_plan in the .c).
+ * Flags with no bearing on a step's memory or time (learning rate, data, checkpoint paths,
+ * logging, ...) are listed in one line appended to `warnings` (g_free'd strings). *attention_set says whether the flags chose the
  * attention kernel (--use-flash-attn, --attention-backend); else the caller chooses it. */
 gboolean zp_megatron_args_read(const char *path, const ZpModel *model, int gpus, ZpPlan *plan,
                                gboolean *attention_set, GPtrArray *warnings, GError **error);
