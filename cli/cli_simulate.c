@@ -281,12 +281,20 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
     }
     if (ok && plan->precision != launch.precision)
         cli_default_retract("--precision");
-    if (ok && kernel_checked(f)) {
-        char *key = f->attention ? g_strdup("--attention")
-                                 : g_strdup_printf("%s: attention_kernel", f->ds_config);
+    char *key = f->attention ? g_strdup("--attention")
+                             : g_strdup_printf("%s: attention_kernel", f->ds_config);
+    if (ok && kernel_checked(f))
         ok = zp_hw_attention_runs(hw, plan->attention, plan->precision, key, error);
-        g_free(key);
+    /* `schedule` writes what zreal runs: a kernel named mem-efficient (PyTorch's SDPA kernel)
+     * is refused; where it is only the default, simulate_plan takes eager instead */
+    if (ok && !kernel_checked(f) && plan->attention == ZP_ATTN_MEM_EFFICIENT &&
+        (f->attention || config_kernel)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: zreal does not run mem-efficient (PyTorch's memory-efficient SDPA "
+                    "kernel); use eager or flash2 (its own blockwise kernel)", key);
+        ok = FALSE;
     }
+    g_free(key);
     if (ok && (f->checkpoint || f->recompute))
         ok = cli_recompute(f->recompute, f->checkpoint, plan, error);
     /* A simulated step times a CPU optimizer by the profile's rate: a profile without one
@@ -464,14 +472,8 @@ static gboolean simulate_plan(const SimulateFlags *f, const ZpModel *model, cons
         return FALSE;
     if (!kernel_checked(f) && plan->attention == ZP_ATTN_MEM_EFFICIENT) {
         /* `schedule` writes what zreal runs: eager or its own blockwise kernel, not SDPA's
-         * memory-efficient one (an explicit --attention is refused by cli_attention_zreal). */
-        if (f->ds_config) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: attention_kernel: zreal does not run mem-efficient (PyTorch's "
-                        "memory-efficient SDPA kernel); use eager or flash2 (its own blockwise "
-                        "kernel)", f->ds_config);
-            return FALSE;
-        }
+         * memory-efficient one, which is here only as the default (a named one is refused by
+         * cli_attention_zreal, or ds_config_plan for the config's attention_kernel). */
         plan->attention = ZP_ATTN_EAGER;
         cli_default_retract("--attention");
         cli_default_taken("--attention", "eager attention (zreal, which runs this schedule, "

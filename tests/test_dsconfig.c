@@ -262,6 +262,43 @@ static void test_expert_parallel(void)
     g_free(path), g_free(dir);
 }
 
+/* `schedule --ds-config` in fp32 with no attention_kernel: SDPA's default there is the
+ * memory-efficient kernel, which zreal does not run; the schedule takes eager, as it does from
+ * the flags, where it refused naming a key the file did not have. A named one is refused. */
+static void test_schedule_default_attention(void)
+{
+    char *dir = g_dir_make_tmp("zplan-dsconfig-XXXXXX", NULL);
+    char *config = g_build_filename(dir, "ds.json", NULL);
+    char *out = g_build_filename(dir, "s.json", NULL);
+    const char *texts[] = {"{\"train_micro_batch_size_per_gpu\": 2}",
+                           "{\"train_micro_batch_size_per_gpu\": 2, "
+                           "\"attention_kernel\": \"mem-efficient\"}"};
+    for (size_t i = 0; i < G_N_ELEMENTS(texts); i++) {
+        g_assert_true(g_file_set_contents(config, texts[i], -1, NULL));
+        char *args = g_strdup_printf("schedule --model tiny --cluster dgx-h100 --gpus 2 "
+                                     "--ds-config %s --out %s", config, out);
+        TuRun r = tu_zplan(args);
+        g_assert_true(WIFEXITED(r.status));
+        if (i == 0) {
+            g_assert_cmpint(WEXITSTATUS(r.status), ==, 0);
+            json_t *s = json_load_file(out, 0, NULL);
+            g_assert_cmpstr(json_string_value(json_object_get(json_object_get(s, "plan"),
+                                                              "attention")), ==, "eager");
+            json_decref(s);
+            g_remove(out);
+        } else {
+            g_assert_cmpint(WEXITSTATUS(r.status), ==, 1);
+            g_assert_nonnull(strstr(r.err, "attention_kernel: zreal does not run mem-efficient"));
+            g_assert_false(g_file_test(out, G_FILE_TEST_EXISTS));
+        }
+        tu_free(&r);
+        g_free(args);
+    }
+    g_remove(config);
+    g_rmdir(dir);
+    g_free(config), g_free(out), g_free(dir);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -269,5 +306,6 @@ int main(int argc, char **argv)
     g_test_add_func("/dsconfig/contradictions", test_contradictions);
     g_test_add_func("/dsconfig/all-reduce-fetch", test_all_reduce_fetch);
     g_test_add_func("/dsconfig/expert-parallel", test_expert_parallel);
+    g_test_add_func("/dsconfig/schedule-default-attention", test_schedule_default_attention);
     return g_test_run();
 }
