@@ -1,6 +1,7 @@
 /* sim_fold_jump: the fold's jump: the ops that repeat, the walk over the state that takes a
  * snapshot and writes the state periods on, the sums replayed (sim_fold.c says why it is exact). */
 #include "sim_fold_jump.h"
+#include "sim_fold_cells.h"
 #include "zp_u64map.h"
 
 #include <math.h>
@@ -513,16 +514,30 @@ static void move_counts(SimFold *f, Sim *sim, uint32_t s, uint32_t lo, uint32_t 
 }
 
 /* Note n as the period `moves` periods on records it: a sum's addition the same, a timeline
- * cell (or its last rank) at the op that many periods on, a cell's time moved alike. */
-static Note note_moved(const SimFold *f, const Sim *sim, Note n, uint32_t moves, double period_s)
+ * cell (or its last rank) at the op that many periods on, a cell's time moved alike, by its
+ * step a period (the period, or its own: sim_fold_cells). */
+static Note note_moved(const SimFold *f, const Sim *sim, Note n, uint32_t moves, double step_s)
 {
     if (n.kind == NOTE_ADD)
         return n;
     const uint32_t op = (uint32_t)(n.at % sim->n_ops);
     n.at = n.at - op + moved(f, sim, op, moves);
     if (n.kind == NOTE_CELL)
-        n.x += (double)moves * period_s;
+        n.x += (double)moves * step_s;
     return n;
+}
+
+/* How far the cells move a period: each its own step (cells.step, notes from cells.from on)
+ * after a proof by three snapshots, else the period. */
+typedef struct {
+    const double *step;
+    uint64_t from;
+    double period_s;
+} CellSteps;
+
+static inline double cell_step(const CellSteps *cells, uint64_t note)
+{
+    return cells->step ? cells->step[note - cells->from] : cells->period_s;
 }
 
 /* ---- the sums replayed ----
@@ -664,7 +679,7 @@ void sim_jump_replay_sums(const Note *v, size_t n, uint64_t times)
  * skipped period j. Three (stride 2): skipped period j is recorded period a -> b (odd j) or
  * b -> c (even j), two or one periods before c: j + 1 or j periods on. */
 static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t first,
-                   uint32_t stride, uint32_t periods, double period_s)
+                   uint32_t stride, uint32_t periods, const CellSteps *cells)
 {
     if (!f->cells_noted) {
         /* Sums alone (no timeline cell was noted: every note is NOTE_ADD): some 3 M additions
@@ -682,7 +697,7 @@ static void replay(SimFold *f, Sim *sim, uint64_t from, uint64_t to, uint32_t fi
                 *at->field += at->x;
                 continue;
             }
-            const Note n = note_moved(f, sim, *at, moves, period_s);
+            const Note n = note_moved(f, sim, *at, moves, cell_step(cells, k));
             if (n.kind == NOTE_RANK)
                 sim->op_last_rank[n.at] = (uint32_t)n.x;
             else
@@ -718,7 +733,7 @@ static void notes_copy(NoteLog *log, size_t at, size_t n)
  * cells at the ops they were written at: the log from any snapshot before the jump on is then
  * the one an unfolded run keeps, and those snapshots stay a later proof's first. */
 static void log_skipped(SimFold *f, const Sim *sim, const Snap *a, const Snap *b, const Snap *c,
-                        uint32_t span, uint32_t periods, double period_s)
+                        uint32_t span, uint32_t periods, const CellSteps *cells)
 {
     /* Room for every skipped period's notes at once: grown period by period, the log was
      * copied by realloc twice in narayanan21-t1-529.6b's jumps inside groups (1.57 M
@@ -737,7 +752,7 @@ static void log_skipped(SimFold *f, const Sim *sim, const Snap *a, const Snap *b
         }
         for (uint64_t k = from; k < to; k++)
             note_push(&f->notes, note_moved(f, sim, f->notes.v[k - f->notes_base], moves,
-                                            period_s));
+                                            cell_step(cells, k)));
     }
 }
 
@@ -986,14 +1001,20 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
             g_array_append_val(f->report.inserts, at);
         }
     }
+    /* Three snapshots: each value moved by its own step, a lagging stage's cells too. */
+    const CellSteps cells = {span == 2 && f->cells_noted
+                                 ? sim_fold_cell_steps(f, sim, a, b, c, period_s)
+                                 : NULL,
+                             a->note_at, period_s};
     if (span == 1) {
-        replay(f, sim, b->note_at, c->note_at, 1, 1, (uint32_t)periods, period_s);
+        replay(f, sim, b->note_at, c->note_at, 1, 1, (uint32_t)periods, &cells);
     } else {
-        replay(f, sim, a->note_at, b->note_at, 1, 2, (uint32_t)periods, period_s);
-        replay(f, sim, b->note_at, c->note_at, 2, 2, (uint32_t)periods, period_s);
+        replay(f, sim, a->note_at, b->note_at, 1, 2, (uint32_t)periods, &cells);
+        replay(f, sim, b->note_at, c->note_at, 2, 2, (uint32_t)periods, &cells);
     }
     if (log)
-        log_skipped(f, sim, a, b, c, span, (uint32_t)periods, period_s);
+        log_skipped(f, sim, a, b, c, span, (uint32_t)periods, &cells);
+    g_free((double *)cells.step);
     /* In each stage's micro-steps of one chunk (a forward and a backward, what a shift inside
      * an interleaved group moves by): a group's runs every chunk. */
     f->report.micro_steps += (uint32_t)moved_periods * c->shift * (whole ? MAX(f->chunks, 1) : 1);
