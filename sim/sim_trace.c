@@ -41,7 +41,16 @@ static char *compute_label(const ZpSchedule *s, const ZpOp *op)
     case ZP_COMP_BLOCK_BWD: g_string_append(out, "bwd "); append_unit(out, s, op->unit); break;
     case ZP_COMP_EMBED_BWD: g_string_append(out, "embed bwd"); break;
     case ZP_COMP_CPU_OPTIMIZER: g_string_append(out, "cpu "); /* fall through */
-    default: g_string_append(out, zp_optimizer_name(s->plan.optimizer)); break;
+    case ZP_COMP_OPTIMIZER: g_string_append(out, zp_optimizer_name(s->plan.optimizer)); break;
+    default: /* the experts, their unpermute, host copies, ZeRO++'s kernels, unpacks: the
+              * kind's name ("expert_fwd" as "expert fwd"), and its block where it has one */
+        g_string_append(out, zp_sched_compute_name((ZpComputeKind)op->sub));
+        g_strdelimit(out->str, "_", ' ');
+        if (op->unit >= 0) {
+            g_string_append_c(out, ' ');
+            append_unit(out, s, op->unit);
+        }
+        break;
     }
     if (op->module > 0) /* a block op split per module, as DeepSpeed's stage 3 runs it */
         g_string_append_printf(out, " %s", zp_model_module_name((ZpBlockModule)(op->module - 1)));
