@@ -155,9 +155,13 @@ static int64_t to_ns(double seconds)
     return llround(seconds * 1e9);
 }
 
+/* Microseconds with three decimals, from whole nanoseconds; a negative value (none a run
+ * writes) keeps its sign once, as valid JSON ("-3818.617", not "-3818.-617"). */
 static void append_us(GString *out, const char *key, int64_t ns)
 {
-    g_string_append_printf(out, ",\"%s\":%" PRId64 ".%03d", key, ns / 1000, (int)(ns % 1000));
+    const uint64_t mag = ns < 0 ? (uint64_t)0 - (uint64_t)ns : (uint64_t)ns;
+    g_string_append_printf(out, ",\"%s\":%s%" PRIu64 ".%03u", key, ns < 0 ? "-" : "",
+                           mag / 1000, (unsigned)(mag % 1000));
 }
 
 /* The pipeline stage a simulated rank runs: its first world rank's (tp, then stage, then
