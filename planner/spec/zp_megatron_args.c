@@ -49,6 +49,8 @@ typedef struct {
 #define REAL(f, field, lo, hi) {f, A_REAL, G_STRUCT_OFFSET(Args, field), lo, hi, 0, NULL}
 #define SW(f, field) {f, A_SWITCH, G_STRUCT_OFFSET(Args, field), 0, 0, 0, NULL}
 #define DIM(f, d) {f, A_MODEL, 0, 0, 0, d, NULL}
+#define CHOICE(f) {f, A_CHOICE, 0, 0, 0, 0, NULL}
+#define REFUSE(f, why) {f, A_REFUSE, 0, 0, 0, 0, why}
 
 static const ArgRule rules[] = {
     NUM("--tensor-model-parallel-size", tp, 1, 65536),
@@ -78,12 +80,12 @@ static const ArgRule rules[] = {
     /* arguments.py: kv_channels, each head's width, hidden_size // num_attention_heads unless
      * given (the model's head_dim) */
     DIM("--kv-channels", DIM_KV_CHANNELS),
-    {"--recompute-granularity", A_CHOICE, 0, 0, 0, 0, NULL},
-    {"--recompute-method", A_CHOICE, 0, 0, 0, 0, NULL},
-    {"--attention-backend", A_CHOICE, 0, 0, 0, 0, NULL},
-    {"--optimizer", A_CHOICE, 0, 0, 0, 0, NULL},
-    {"--no-scatter-gather-tensors-in-pipeline", A_REFUSE, 0, 0, 0, 0,
-     "pipeline sends without scatter/gather are not modeled under --impl megatron"},
+    CHOICE("--recompute-granularity"),
+    CHOICE("--recompute-method"),
+    CHOICE("--attention-backend"),
+    CHOICE("--optimizer"),
+    REFUSE("--no-scatter-gather-tensors-in-pipeline",
+     "pipeline sends without scatter/gather are not modeled under --impl megatron"),
     /* a mixture of experts (moe_plan); the router's and the aux loss's knobs have no bearing */
     NUM("--num-experts", experts, 1, 1 << 20),
     NUM("--expert-model-parallel-size", ep, 1, 65536),
@@ -95,15 +97,15 @@ static const ArgRule rules[] = {
     SW("--moe-pad-expert-input-to-capacity", pad_capacity),
     DIM("--moe-ffn-hidden-size", DIM_EXPERT_FFN),
     DIM("--moe-shared-expert-intermediate-size", DIM_SHARED_FFN),
-    {"--moe-token-dispatcher-type", A_CHOICE, 0, 0, 0, 0, NULL},
-    {"--moe-layer-freq", A_CHOICE, 0, 0, 0, 0, NULL},
-    {"--moe-layer-recompute", A_REFUSE, 0, 0, 0, 0,
-     "recomputing the MoE layers alone is not modeled (full or selective recomputation is)"},
+    CHOICE("--moe-token-dispatcher-type"),
+    CHOICE("--moe-layer-freq"),
+    REFUSE("--moe-layer-recompute",
+     "recomputing the MoE layers alone is not modeled (full or selective recomputation is)"),
     SW("--overlap-param-gather", overlap_param),
     /* arguments.py: batch_p2p_comm = not overlap_p2p_comm, and batch_p2p_sync's default
      * synchronizes the device after each batch (p2p_communication.py _communicate) */
     SW("--no-overlap-p2p-communication", no_overlap_p2p),
-    {"--cpu-offloading", A_REFUSE, 0, 0, 0, 0, "activation offload is not modeled"},
+    REFUSE("--cpu-offloading", "activation offload is not modeled"),
 };
 
 static int64_t model_dim(const ZpModel *m, ModelDim d)
