@@ -85,7 +85,7 @@ static const ArgRule rules[] = {
     CHOICE("--attention-backend"),
     CHOICE("--optimizer"),
     REFUSE("--no-scatter-gather-tensors-in-pipeline",
-     "pipeline sends without scatter/gather are not modeled under --impl megatron"),
+           "pipeline sends without scatter/gather are not modeled under --impl megatron"),
     /* a mixture of experts (moe_plan); the router's and the aux loss's knobs have no bearing */
     NUM("--num-experts", experts, 1, 1 << 20),
     NUM("--expert-model-parallel-size", ep, 1, 65536),
@@ -100,7 +100,7 @@ static const ArgRule rules[] = {
     CHOICE("--moe-token-dispatcher-type"),
     CHOICE("--moe-layer-freq"),
     REFUSE("--moe-layer-recompute",
-     "recomputing the MoE layers alone is not modeled (full or selective recomputation is)"),
+           "recomputing the MoE layers alone is not modeled (full or selective recomputation is)"),
     SW("--overlap-param-gather", overlap_param),
     /* arguments.py: batch_p2p_comm = not overlap_p2p_comm, and batch_p2p_sync's default
      * synchronizes the device after each batch (p2p_communication.py _communicate) */
