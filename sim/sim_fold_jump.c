@@ -1,7 +1,6 @@
 /* sim_fold_jump: the fold's jump: the ops that repeat, the walk over the state that takes a
  * snapshot and writes the state periods on, the sums replayed (sim_fold.c says why it is exact). */
 #include "sim_fold_jump.h"
-#include "sim_fold_cells.h"
 #include "zp_u64map.h"
 
 #include <math.h>
@@ -515,7 +514,7 @@ static void move_counts(SimFold *f, Sim *sim, uint32_t s, uint32_t lo, uint32_t 
 
 /* Note n as the period `moves` periods on records it: a sum's addition the same, a timeline
  * cell (or its last rank) at the op that many periods on, a cell's time moved alike, by its
- * step a period (the period, or its own: sim_fold_cells). */
+ * step a period (the period, or its own: sim_fold_notes). */
 static Note note_moved(const SimFold *f, const Sim *sim, Note n, uint32_t moves, double step_s)
 {
     if (n.kind == NOTE_ADD)
@@ -1002,10 +1001,13 @@ gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
         }
     }
     /* Three snapshots: each value moved by its own step, a lagging stage's cells too. */
-    const CellSteps cells = {span == 2 && f->cells_noted
-                                 ? sim_fold_cell_steps(f, sim, a, b, c, period_s)
-                                 : NULL,
-                             a->note_at, period_s};
+    const CellSteps cells = {
+        span == 2 && f->cells_noted
+            ? sim_fold_cell_steps(sim, f->notes.v + (a->note_at - f->notes_base),
+                                  (size_t)(c->note_at - a->note_at),
+                                  (size_t)(b->note_at - a->note_at), f->steps, period_s)
+            : NULL,
+        a->note_at, period_s};
     if (span == 1) {
         replay(f, sim, b->note_at, c->note_at, 1, 1, (uint32_t)periods, &cells);
     } else {

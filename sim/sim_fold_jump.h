@@ -4,6 +4,7 @@
 #define SIM_FOLD_JUMP_H
 
 #include "sim_engine_internal.h"
+#include "sim_fold_notes.h"
 #include "sim_fold_snap.h"
 
 #include <glib.h>
@@ -23,34 +24,6 @@
  * found_period, up to pp micro-steps: mt-nlg-530b's 105 blocks over 64 stages with tp 4 repeat
  * every 40, not the 41 of tp 8 and 16): the fifth. */
 #define MAX_SHIFTS 5
-
-/* A recorded period's log (sums added to, timeline cells written). */
-typedef enum { NOTE_ADD, NOTE_CELL, NOTE_RANK } NoteKind;
-
-typedef struct {
-    uint8_t kind;
-    double *field; /* NOTE_ADD: the sum; NOTE_CELL: the timeline array */
-    size_t at;     /* NOTE_CELL, NOTE_RANK: the cell (row x n_ops + op) */
-    double x;      /* NOTE_ADD: what was added; NOTE_CELL: the value; NOTE_RANK: the rank */
-} Note;
-
-/* The recorded log: appended to at every sum the engine adds to while recording (some
- * hundred thousand a run), so inline, not through GArray's call. */
-typedef struct {
-    Note *v;
-    size_t len, cap;
-} NoteLog;
-
-/* Room for 16,384 notes (512 kB, its pages touched as notes come) at the first: from 4,096,
- * Megatron 1T's log grew twice, realloc copying it (0.13 M instructions). */
-static inline void note_push(NoteLog *log, Note n)
-{
-    if (G_UNLIKELY(log->len == log->cap)) {
-        log->cap = log->cap ? 2 * log->cap : 16384;
-        log->v = g_renew(Note, log->v, log->cap);
-    }
-    log->v[log->len++] = n;
-}
 
 /* Ops [from, to) of a stage that do what the op a period before each did, under the steps of
  * generation gen (SimFold.steps_gen). */

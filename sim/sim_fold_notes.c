@@ -1,6 +1,6 @@
-/* sim_fold_cells: how far a jump moves the timeline cells it writes for the periods it skips:
- * each cell by its own step a period, which a lagging stage's cells need. */
-#include "sim_fold_cells.h"
+/* sim_fold_notes: the log a recorded period keeps, and how far a jump moves the timeline cells
+ * it writes for the periods it skips: each cell by its own step a period. */
+#include "sim_fold_notes.h"
 #include "zp_u64map.h"
 
 #include <math.h>
@@ -13,12 +13,6 @@ static uint64_t cell_key(const Sim *sim, const Note *n, uint64_t at)
     return (at * 3 + array) + 1;
 }
 
-/* The step of stage s's ops a period (SimFold.steps, set by the proof the jump follows). */
-static int64_t op_step(const SimFold *f, const Sim *sim, uint32_t op)
-{
-    return f->steps[sim->ops[op].stage];
-}
-
 /* A row and stage's key in the fallback map: a row is one unit's, or, where the stages share
  * rows, the k-th unit's of each stage (sim_ranks.c plan_shared_rows). */
 static uint64_t row_stage_key(const Sim *sim, size_t at)
@@ -27,11 +21,9 @@ static uint64_t row_stage_key(const Sim *sim, size_t at)
     return row * ((uint64_t)sim->sim_pp + 1) + sim->ops[op].stage + 1;
 }
 
-double *sim_fold_cell_steps(const SimFold *f, const Sim *sim, const Snap *a, const Snap *b,
-                            const Snap *c, double period_s)
+double *sim_fold_cell_steps(const Sim *sim, const Note *v, size_t n, size_t mid,
+                            const int64_t *steps, double period_s)
 {
-    const size_t n = (size_t)(c->note_at - a->note_at), mid = (size_t)(b->note_at - a->note_at);
-    const Note *v = f->notes.v + (a->note_at - f->notes_base);
     double *step = g_new(double, n ? n : 1);
     ZpU64Map later, found;
     zp_u64map_init(&later, n - mid + 1);
@@ -45,7 +37,7 @@ double *sim_fold_cell_steps(const SimFold *f, const Sim *sim, const Snap *a, con
         if (v[k].kind != NOTE_CELL)
             continue;
         const uint32_t op = (uint32_t)(v[k].at % sim->n_ops);
-        const int64_t to = (int64_t)v[k].at + op_step(f, sim, op);
+        const int64_t to = (int64_t)v[k].at + steps[sim->ops[op].stage];
         const uint64_t j = zp_u64map_get(&later, cell_key(sim, &v[k], (uint64_t)to), UINT64_MAX);
         if (j == UINT64_MAX)
             continue;
