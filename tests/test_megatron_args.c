@@ -85,6 +85,27 @@ static void test_plan(void)
     g_free(path);
 }
 
+/* Parses `args` (shell words, from a file called `what`) for `model` on `gpus` GPUs into *p:
+ * whether it was taken, the error or the warnings joined in *said (g_free). */
+static gboolean parse_words(const char *what, const char *args, const ZpModel *model, int gpus,
+                            ZpPlan *p, char **said)
+{
+    int argc;
+    char **argv;
+    g_assert_true(g_shell_parse_argv(args, &argc, &argv, NULL));
+    gboolean attention;
+    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
+    GError *error = NULL;
+    const gboolean ok = zp_megatron_args_parse(argc, argv, what, model, gpus, p, &attention,
+                                               warnings, &error);
+    g_ptr_array_add(warnings, NULL);
+    *said = ok ? g_strjoinv("\n", (char **)warnings->pdata) : g_strdup(error->message);
+    g_clear_error(&error);
+    g_ptr_array_unref(warnings);
+    g_strfreev(argv);
+    return ok;
+}
+
 /* Each refusal is one line naming the file and the flag. */
 static void test_refusals(void)
 {
@@ -109,22 +130,14 @@ static void test_refusals(void)
         {"--tensor-model-parallel-size $TP", "--tensor-model-parallel-size"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
-        int argc;
-        char **argv;
-        g_assert_true(g_shell_parse_argv(cases[i].args, &argc, &argv, NULL));
         ZpPlan p;
-        gboolean attention;
-        GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
-        GError *error = NULL;
-        g_assert_false(zp_megatron_args_parse(argc, argv, "args.sh", &m, 64, &p, &attention,
-                                              warnings, &error));
-        g_test_message("%s: %s", cases[i].args, error->message);
-        g_assert_nonnull(strstr(error->message, cases[i].message));
-        g_assert_true(g_str_has_prefix(error->message, "args.sh: "));
-        g_assert_null(strchr(error->message, '\n'));
-        g_error_free(error);
-        g_ptr_array_unref(warnings);
-        g_strfreev(argv);
+        char *said;
+        g_assert_false(parse_words("args.sh", cases[i].args, &m, 64, &p, &said));
+        g_test_message("%s: %s", cases[i].args, said);
+        g_assert_nonnull(strstr(said, cases[i].message));
+        g_assert_true(g_str_has_prefix(said, "args.sh: "));
+        g_assert_null(strchr(said, '\n'));
+        g_free(said);
     }
 }
 
@@ -173,27 +186,6 @@ static void test_cli(void)
     g_free(path);
 }
 
-/* Parses `args` (shell words) for `model` on `gpus` GPUs into *p: whether it was taken, the
- * error or the warnings joined in *said (g_free). */
-static gboolean parse_words(const char *args, const ZpModel *model, int gpus, ZpPlan *p,
-                            char **said)
-{
-    int argc;
-    char **argv;
-    g_assert_true(g_shell_parse_argv(args, &argc, &argv, NULL));
-    gboolean attention;
-    GPtrArray *warnings = g_ptr_array_new_with_free_func(g_free);
-    GError *error = NULL;
-    const gboolean ok = zp_megatron_args_parse(argc, argv, "moe.sh", model, gpus, p, &attention,
-                                               warnings, &error);
-    g_ptr_array_add(warnings, NULL);
-    *said = ok ? g_strjoinv("\n", (char **)warnings->pdata) : g_strdup(error->message);
-    g_clear_error(&error);
-    g_ptr_array_unref(warnings);
-    g_strfreev(argv);
-    return ok;
-}
-
 /* Megatron-Core's mixture of experts (transformer_config.py, model_parallel_config.py): the
  * expert-parallel degree and capacity from its flags, each contradiction of the model or of
  * what zplan times one line naming the flag, what it prices otherwise a warning; and from the
@@ -209,7 +201,7 @@ static void test_moe(void)
                                  "--moe-expert-capacity-factor 1.25 "
                                  "--moe-pad-expert-input-to-capacity --moe-ffn-hidden-size 14336",
                                  base);
-    g_assert_true(parse_words(args, &m, 16, &p, &said));
+    g_assert_true(parse_words("moe.sh", args, &m, 16, &p, &said));
     g_assert_cmpint(p.experts.ep, ==, 4);
     g_assert_cmpfloat(p.experts.capacity_factor, ==, 1.25);
     g_assert_cmpint(p.mp, ==, 2);
@@ -233,18 +225,19 @@ static void test_moe(void)
         {"--num-experts 8 --moe-token-dispatcher-type all2all", "unknown value 'all2all'"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
-        g_assert_false(parse_words(bad[i].args, &m, 16, &p, &said));
+        g_assert_false(parse_words("moe.sh", bad[i].args, &m, 16, &p, &said));
         g_test_message("%s: %s", bad[i].args, said);
         g_assert_true(g_str_has_prefix(said, "moe.sh: "));
         g_assert_nonnull(strstr(said, bad[i].says));
         g_free(said);
     }
     const ZpModel dsv3 = tu_load_model("models/hf/deepseek-v3");
-    g_assert_false(parse_words("--num-experts 256 --moe-router-topk 8", &dsv3, 16, &p, &said));
+    g_assert_false(
+        parse_words("moe.sh", "--num-experts 256 --moe-router-topk 8", &dsv3, 16, &p, &said));
     g_assert_nonnull(strstr(said, "--moe-layer-freq: 1 (the default) makes all 61 layers "
                                   "sparse, but deepseek-v3 has 58"));
     g_free(said);
-    g_assert_true(parse_words("--num-experts 256 --moe-router-topk 8 --moe-layer-freq "
+    g_assert_true(parse_words("moe.sh", "--num-experts 256 --moe-router-topk 8 --moe-layer-freq "
                               "'([0]*3+[1]*58)' --moe-expert-capacity-factor 1.0",
                               &dsv3, 16, &p, &said));
     g_assert_nonnull(strstr(said, "without --moe-grouped-gemm"));
@@ -252,7 +245,8 @@ static void test_moe(void)
     g_assert_nonnull(strstr(said, "--moe-layer-freq: the pattern is not checked"));
     g_free(said);
     const ZpModel dense = tu_load_model("models/gpt-13b.json");
-    g_assert_false(parse_words("--expert-model-parallel-size 2", &dense, 16, &p, &said));
+    g_assert_false(
+        parse_words("moe.sh", "--expert-model-parallel-size 2", &dense, 16, &p, &said));
     g_assert_nonnull(strstr(said, "--expert-model-parallel-size: gpt-13b is dense"));
     g_free(said);
     /* The command line: the step of the same plan given as flags; --expert-skew beside the
