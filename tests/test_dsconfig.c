@@ -226,7 +226,8 @@ static void test_expert_parallel(void)
         {"\"enabled\": true, \"top_k\": 1", "", "top_k 1 is not mixtral-8x7b's 2"},
         {"\"enabled\": true, \"expert_tensor_parallel_size\": 2", "",
          "expert_tensor_parallel_size 2 is not modeled"},
-        {"\"enabled\": true, \"autoep_sise\": 4", "", "unknown key \"expert_parallel.autoep_sise\""},
+        {"\"enabled\": true, \"autoep_sise\": 4", "",
+         "unknown key \"expert_parallel.autoep_sise\""},
         {"\"enabled\": \"yes\"", "", "key \"enabled\" must be true or false"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {

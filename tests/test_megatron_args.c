@@ -212,7 +212,8 @@ static void test_moe(void)
     } bad[] = {
         {"--tensor-model-parallel-size 2", "--num-experts: absent, Megatron builds a dense model"},
         {"--num-experts 16", "--num-experts is 16 but the model (mixtral-8x7b) has 8"},
-        {"--num-experts 8 --moe-router-topk 1", "--moe-router-topk is 1 (2 when absent) but the model"},
+        {"--num-experts 8 --moe-router-topk 1",
+         "--moe-router-topk is 1 (2 when absent) but the model"},
         {"--num-experts 8 --moe-token-dispatcher-type alltoall --expert-model-parallel-size 3",
          "--expert-model-parallel-size 3 does not divide the 8 experts"},
         {"--num-experts 8 --expert-model-parallel-size 2",
