@@ -172,9 +172,4 @@ gboolean sim_jump_stopped_exact(SimFold *f, Sim *sim);
 gboolean sim_jump_advance(SimFold *f, Sim *sim, const Snap *a, Snap *b, Snap *c,
                           uint32_t k_shift, gboolean log);
 
-/* Adds each of the n notes v[k] (NOTE_ADD: v[k].x to *v[k].field) `times` times over, giving
- * the very doubles the additions in order give; in time in the notes, not in times x n, where
- * the sums and figures lie on the clock's grid (sim_fold_jump.c says why that is exact). */
-void sim_jump_replay_sums(const Note *v, size_t n, uint64_t times);
-
 #endif

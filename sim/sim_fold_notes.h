@@ -1,5 +1,6 @@
 /* sim_fold_notes: the log a recorded period keeps (the sums added to, the timeline cells
- * written), and how far a jump moves the cells it writes for the periods it skips. */
+ * written), its sums replayed for the periods a jump skips, and how far the jump moves the
+ * cells it writes for them. */
 #ifndef SIM_FOLD_NOTES_H
 #define SIM_FOLD_NOTES_H
 
@@ -35,6 +36,11 @@ static inline void note_push(NoteLog *log, Note n)
     }
     log->v[log->len++] = n;
 }
+
+/* Adds each of the n notes v[k] (NOTE_ADD: v[k].x to *v[k].field) `times` times over, giving
+ * the very doubles the additions in order give; in time in the notes, not in times x n, where
+ * the sums and figures lie on the clock's grid (sim_fold_notes.c says why that is exact). */
+void sim_fold_replay_sums(const Note *v, size_t n, uint64_t times);
 
 /* The step a period of each of the n notes v[0..n) of two recorded periods (v[0..mid) the
  * first, v[mid..n) the second), in a newly allocated array (g_free), for a jump proved by
