@@ -190,8 +190,8 @@ static double ds_step_s(const char *path, const char *config, const char *flags,
  * what zplan does not model of it warns. */
 static void test_expert_parallel(void)
 {
-    char *dir = g_dir_make_tmp("zplan-dsconfig-XXXXXX", NULL);
-    char *path = g_build_filename(dir, "ds.json", NULL);
+    char *dir;
+    char *path = tu_tmp_file("dsconfig", "ds.json", &dir);
     const char *head = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, "
                        "\"zero_optimization\": {\"stage\": 1}";
     const char *mixtral = "--model hf/mixtral-8x7b --gpus 16";
@@ -258,9 +258,7 @@ static void test_expert_parallel(void)
         g_free(err), g_free(text);
     }
     g_free(config), g_free(plain), g_free(flags);
-    g_remove(path);
-    g_rmdir(dir);
-    g_free(path), g_free(dir);
+    tu_tmp_file_remove(path, dir);
 }
 
 /* `schedule --ds-config` in fp32 with no attention_kernel: SDPA's default there is the
@@ -268,8 +266,8 @@ static void test_expert_parallel(void)
  * the flags, where it refused naming a key the file did not have. A named one is refused. */
 static void test_schedule_default_attention(void)
 {
-    char *dir = g_dir_make_tmp("zplan-dsconfig-XXXXXX", NULL);
-    char *config = g_build_filename(dir, "ds.json", NULL);
+    char *dir;
+    char *config = tu_tmp_file("dsconfig", "ds.json", &dir);
     char *out = g_build_filename(dir, "s.json", NULL);
     const char *texts[] = {"{\"train_micro_batch_size_per_gpu\": 2}",
                            "{\"train_micro_batch_size_per_gpu\": 2, "
@@ -295,9 +293,8 @@ static void test_schedule_default_attention(void)
         tu_free(&r);
         g_free(args);
     }
-    g_remove(config);
-    g_rmdir(dir);
-    g_free(config), g_free(out), g_free(dir);
+    g_free(out);
+    tu_tmp_file_remove(config, dir);
 }
 
 int main(int argc, char **argv)
