@@ -1,17 +1,20 @@
 #!/bin/sh
 # bench/gpu_grid.sh: issue 20's predicted-against-measured grid on one GPU. `measure` trains
 # every configuration with zreal --backend cuda (on the GPU machine); `predict` simulates each
-# with zplan on a profile (here, from reports/gpu/'s microbenchmarks); `report` writes
-# reports/gpu/README.md from the JSON of both. Usage:
-#   sh bench/gpu_grid.sh measure|predict|report|list     (OUTDIR, default reports/gpu)
+# with zplan on a profile (hwprofiles/GPU-measured.json, fitted from the microbenchmarks under
+# OUTDIR/microbench); `report` writes OUTDIR/README.md from the JSON of both. Usage:
+#   sh bench/gpu_grid.sh measure|predict|report|list
+# GPU names the device (h100 or h200, default h100); OUTDIR defaults to reports/gpu for the
+# H100 and reports/gpu/GPU for another.
 # Configurations: gpt2-124m and gpt2-1.5b on one GPU (ranks 1), stages 0-3, micro-batches 1,
 # 4 and 16, with and without activation checkpointing; and one rank of 8 and of 64 emulated
 # (--emulate N), stages 1-3, micro-batch 4, checkpointing. Sequence 1,024, bf16, no dropout.
 set -eu
 cd "$(dirname "$0")/.."
-out=${OUTDIR:-reports/gpu}
+gpu=${GPU:-h100}
+case $gpu in h100) out=${OUTDIR:-reports/gpu} ;; *) out=${OUTDIR:-reports/gpu/$gpu} ;; esac
 build=${BUILD:-build}
-profile=${PROFILE:-hwprofiles/h100-measured.json}
+profile=${PROFILE:-hwprofiles/$gpu-measured.json}
 steps=${STEPS:-4}
 
 # One configuration a line: NAME MODEL RANKS STAGE MICRO_BATCH CHECKPOINT(0|1)
@@ -41,9 +44,12 @@ each() {
     done
 }
 
+# A configuration whose measured JSON is already there is skipped: a lease that ran out of time
+# leaves the rest to the next (bench/gpu_session.sh's GRID_FROM).
 measure_one() {
     name=$1 model=$2 ranks=$3 stage=$4 micro=$5
     shift 5
+    [ -e "$out/measured/$name.json" ] && return 0
     if "$build/zreal" --model "$model" --backend cuda --emulate "$ranks" --stage "$stage" \
         --micro-batch "$micro" "$@" --steps "$steps" --out "$out/measured/$name.json" \
         >"$out/measured/$name.log" 2>&1; then
@@ -68,6 +74,6 @@ list) list ;;
 measure) mkdir -p "$out/measured" && each measure_one ;;
 predict) mkdir -p "$out/predicted" && each predict_one &&
     echo "predicted $(list | wc -l) configurations on $profile" ;;
-report) python3 reports/gpu/generate.py "$out" ;;
+report) python3 reports/gpu/generate.py "$out" --gpu "$gpu" ;;
 *) echo "usage: sh bench/gpu_grid.sh measure|predict|report|list" >&2; exit 2 ;;
 esac

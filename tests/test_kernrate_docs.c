@@ -103,6 +103,38 @@ static void attention_rows(GString *out, const char *p, json_t *attention, const
     }
 }
 
+/* Where a calibrated profile's microbenchmark run is kept, relative to the project: the H100's
+ * under reports/gpu/microbench/, another GPU's under reports/gpu/GPU/microbench/. The file must
+ * be there: a profile cites what it was fitted from. */
+static char *run_path(const char *run)
+{
+    char *flat = g_build_filename("reports", "gpu", "microbench", run, NULL);
+    char *full = g_build_filename(ZP_DATA_DIR, flat, NULL);
+    gboolean found = g_file_test(full, G_FILE_TEST_IS_REGULAR);
+    g_free(full);
+    if (found)
+        return flat;
+    g_free(flat);
+    char *base = g_build_filename(ZP_DATA_DIR, "reports", "gpu", NULL);
+    GDir *dir = g_dir_open(base, 0, NULL);
+    g_assert_nonnull(dir);
+    char *path = NULL;
+    for (const char *sub; !path && (sub = g_dir_read_name(dir));) {
+        char *rel = g_build_filename("reports", "gpu", sub, "microbench", run, NULL);
+        char *abs = g_build_filename(ZP_DATA_DIR, rel, NULL);
+        if (g_file_test(abs, G_FILE_TEST_IS_REGULAR))
+            path = rel;
+        else
+            g_free(rel);
+        g_free(abs);
+    }
+    g_dir_close(dir);
+    g_free(base);
+    if (!path)
+        g_error("a calibrated profile's run %s is under no reports/gpu/**/microbench/", run);
+    return path;
+}
+
 /* Rows of one profile: each class it prices, or the roofline it falls back to. */
 static void profile_rows(GString *out, const char *file)
 {
@@ -116,11 +148,21 @@ static void profile_rows(GString *out, const char *file)
     json_t *calibration = json_object_get(root, "calibration");
     if (!rates && calibration) {
         GString *runs = g_string_new("zplan calibrate from this project's microbenchmarks:");
-        for (size_t i = 0; i < json_array_size(json_object_get(calibration, "runs")); i++)
-            g_string_append_printf(runs, " reports/gpu/microbench/%s", json_string_value(
+        for (size_t i = 0; i < json_array_size(json_object_get(calibration, "runs")); i++) {
+            char *run = run_path(json_string_value(
                 json_array_get(json_object_get(calibration, "runs"), i)));
-        row(out, p, "all", "no kernel_rates: the calibrated roofline (a fitted GEMM efficiency "
-                           "curve, elementwise_bytes_per_s, a collective fit)", runs->str);
+            g_string_append_printf(runs, " %s", run);
+            g_free(run);
+        }
+        row(out, p, "all",
+            json_object_get(root, "op_costs")
+                ? "no kernel_rates: an op table of zreal's own kernels (op_costs: GEMM and "
+                  "eager-attention grids, each elementwise class, the optimizer), which costs "
+                  "every op of a model with an architecture (zp_cost); the calibrated roofline "
+                  "otherwise"
+                : "no kernel_rates: the calibrated roofline (a fitted GEMM efficiency curve, "
+                  "elementwise_bytes_per_s, a collective fit)",
+            runs->str);
         g_string_free(runs, TRUE);
     } else if (!rates) {
         row(out, p, "all", "no kernel_rates: GEMMs and memory-bound work on the roofline "

@@ -1,12 +1,14 @@
-"""reports/gpu/generate.py: writes reports/gpu/README.md from the JSON beside it.
+"""reports/gpu/generate.py: writes a GPU's README.md from the JSON beside it.
 
-Predicted (zplan simulate on hwprofiles/h100-measured.json) against measured (zreal --backend
-cuda) for issue 20's grid, the calibration's microbenchmarks, the 7.5B emulated rank and the
-race against PyTorch. Usage: python3 reports/gpu/generate.py [DIR] (default reports/gpu), or
-sh bench/gpu_grid.sh report. Standard library only; the same inputs give the same file.
+Predicted (zplan simulate on hwprofiles/GPU-measured.json) against measured (zreal --backend
+cuda) for issue 20's grid, the calibration's microbenchmarks, the 7.5B emulated rank and, where
+it was run, the race against PyTorch. Usage: python3 reports/gpu/generate.py [DIR] [--gpu GPU]
+(default reports/gpu and h100; reports/gpu/h200 --gpu h200), or GPU=... sh bench/gpu_grid.sh
+report. Standard library only; the same inputs give the same file.
 """
 import glob
 import json
+import math
 import os
 import statistics
 import sys
@@ -16,6 +18,28 @@ GB = 1e9
 TARGET_STEP, TARGET_PEAK = 0.10, 0.03
 CATEGORIES = ["params", "grads", "master", "adam_m", "adam_v", "gathered_params", "buckets",
               "activations", "checkpoints", "workspace"]
+# What each lent GPU was and how its folder was made; the rest of the page comes from the JSON.
+GPUS = {
+    "h100": {
+        "title": "H100",
+        "device": "one NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0, NCCL 2.28.9) lent "
+                  "through the device tool, with `bench/gpu_session.sh` (build, `make gpu-test`'s "
+                  "two programs, microbenchmarks, race, profile, 7.5B) and `bench/gpu_grid.sh "
+                  "measure`",
+        "emulate_profile": "`hwprofiles/dgx-h100.json` (the datasheet profile)",
+    },
+    "h200": {
+        "title": "H200",
+        "device": "one NVIDIA H200 (143,771 MiB, driver 580.159.04, CUDA 13.0, NCCL 2.28.9 from "
+                  "PyTorch's wheel) lent through the device tool in two leases "
+                  "([LEASES.md](LEASES.md)), with `bench/gpu_session.sh` (build, `make "
+                  "gpu-test`'s programs, validation, the bf16 and fp32 microbenchmarks, 7.5B) and "
+                  "`bench/gpu_grid.sh measure` (the configurations it reached in its time)",
+        "emulate_profile": "`hwprofiles/h200-measured.json` (the calibrated profile above; "
+                           "`mbN-datasheet-predicted.json` beside them are the datasheet "
+                           "profile's, `hwprofiles/h200.json`)",
+    },
+}
 OPS = ["embed_fwd", "block_fwd", "recompute", "head", "block_bwd", "embed_bwd", "optimizer",
        "allreduce", "reduce_scatter", "allgather"]
 
@@ -101,23 +125,32 @@ def grid_table(rows, out):
 
 def summary(rows, out):
     ran = [r for r in rows if r["m"]]
-    step = [abs(err(r["m"]["step_time_s"], r["p"]["step_time_s"])) for r in ran]
+    failed = [r for r in rows if not r["m"] and r["failure"]]
+    tried = ran + failed
+    signed = [err(r["m"]["step_time_s"], r["p"]["step_time_s"]) for r in ran]
+    step = [abs(e) for e in signed]
     peak = [abs(err(r["m"]["ranks"][0]["peak_memory_bytes"], r["p"]["peak_memory_bytes"]))
             for r in ran]
     exact = sum(r["m"]["ranks"][0]["model_state_bytes"] == r["p"]["model_state_bytes"]
                 for r in ran)
-    verdict_ok = sum(1 for r in rows if (r["m"] is not None) == r["p"]["fits_in_gpu_memory"])
-    out.append("- %d configurations: %d ran, %d ran out of device memory."
-               % (len(rows), len(ran), len(rows) - len(ran)))
+    verdict_ok = sum(1 for r in tried if (r["m"] is not None) == r["p"]["fits_in_gpu_memory"])
+    untried = len(rows) - len(tried)
+    out.append("- %d configurations: %d ran, %d ran out of device memory%s."
+               % (len(rows), len(ran), len(failed),
+                  ", %d not run (the lease's time ran out)" % untried if untried else ""))
     out.append("- Fit verdict: right for %d of %d (every configuration predicted to fit ran, and "
-               "every one predicted not to fit ran out of memory)." % (verdict_ok, len(rows))
-               if verdict_ok == len(rows) else
-               "- Fit verdict: right for %d of %d." % (verdict_ok, len(rows)))
+               "every one predicted not to fit ran out of memory)." % (verdict_ok, len(tried))
+               if verdict_ok == len(tried) else
+               "- Fit verdict: right for %d of %d." % (verdict_ok, len(tried)))
     out.append("- Model-state bytes: exact in %d of %d." % (exact, len(ran)))
+    slower = sum(e > 0 for e in signed)
+    direction = ("measured slower in every case" if slower == len(signed) else
+                 "measured faster in every case" if slower == 0 else
+                 "measured slower in %d, faster in %d" % (slower, len(signed) - slower))
     out.append("- Step time: within %d%% in %d of %d; error median %.1f%%, range %.1f%% to "
-               "%.1f%% (measured slower in every case)."
+               "%.1f%% (%s)."
                % (100 * TARGET_STEP, sum(e <= TARGET_STEP for e in step), len(ran),
-                  100 * statistics.median(step), 100 * min(step), 100 * max(step)))
+                  100 * statistics.median(step), 100 * min(step), 100 * max(step), direction))
     out.append("- Peak memory (tracker): within %d%% in %d of %d; error median %.1f%%, range "
                "%.1f%% to %.1f%%."
                % (100 * TARGET_PEAK, sum(e <= TARGET_PEAK for e in peak), len(ran),
@@ -159,8 +192,8 @@ def memory_table(row, out):
             c, pb, mb, "exact" if pb == mb else "%+.0f bytes" % (mb - pb)))
 
 
-def profile_section(d, out):
-    prof = load(os.path.join(ROOT, "hwprofiles", "h100-measured.json"))
+def profile_section(d, gpu, out):
+    prof = load(os.path.join(ROOT, "hwprofiles", "%s-measured.json" % gpu))
     cal = prof["calibration"]
     out.append("| constant | value | source |")
     out.append("|---|---|---|")
@@ -180,7 +213,7 @@ def profile_section(d, out):
                    100 * cal["gemm_rms_rel_error"], 100 * cal.get("fp32_gemm_rms_rel_error", 0),
                    100 * cal["memory_rms_rel_error"], 100 * cal["elementwise_rms_rel_error"],
                    100 * cal["collective_rms_rel_error"]))
-    mb = load(os.path.join(d, "microbench", "microbench-h100-bf16.json"))
+    mb = load(os.path.join(d, "microbench", "microbench-%s-bf16.json" % gpu))
     out.append("")
     out.append("Model-shaped GEMMs at 16,384 tokens (bf16 backend, operand conversions "
                "included):")
@@ -210,6 +243,47 @@ def profile_section(d, out):
             "%d" % k["elems"])
         out.append("| %s | %s | %.3f ms | %.0f | %s |" % (name, label, 1e3 * k["time_s"],
                                                          moved / k["time_s"] / 1e9, flops))
+
+
+def grid_at(table, pas, x, y):
+    """The op table's eager-attention rate at a grid point (None off the points)."""
+    att = table["eager_attention"]
+    if x not in att["log2_seq"] or y not in att["log2_head_dim"]:
+        return None
+    return att[pas][att["log2_seq"].index(x)][att["log2_head_dim"].index(y)]
+
+
+def attention_section(d, gpu, out):
+    """The op table's eager attention (timed at batch 1 of 8 heads) against the model-shaped
+    attention kernels the same microbenchmark timed."""
+    prof = load(os.path.join(ROOT, "hwprofiles", "%s-measured.json" % gpu))
+    table = prof.get("op_costs")
+    if not table or "eager_attention" not in table:
+        return
+    mb = load(os.path.join(d, "microbench", "microbench-%s-bf16.json" % gpu))
+    rows = []
+    for k in mb["kernels"]:
+        if k["kernel"] not in ("attention_fwd", "attention_bwd"):
+            continue
+        pas = "backward" if k["kernel"] == "attention_bwd" else "forward"
+        rate = grid_at(table, pas, math.log2(k["seq_len"]), math.log2(k["head_dim"]))
+        if rate is None:
+            continue
+        t = table["launch_s"] + k["flops"] / rate
+        rows.append("| %s | %d x %d heads | %d / %d | %.3f ms | %.3f ms | %s |" % (
+            pas, k["batch"], k["heads"], k["seq_len"], k["head_dim"], 1e3 * k["time_s"],
+            1e3 * t, pct(err(t, k["time_s"]))))
+    if not rows:
+        return
+    out.append("")
+    out.append("Eager attention: the op table's rate at each (sequence, head dimension) is timed "
+               "at batch 1 of 8 heads (real_opbench.c, `bench_attention_grid`), and zp_cost "
+               "prices any batch and head count at that rate. The model-shaped kernels the same "
+               "run timed (`kernels`) against that price, error = (table - measured) / measured:")
+    out.append("")
+    out.append("| pass | batch x heads | seq / head dim | measured | op table | error |")
+    out.append("|---|---|---|---|---|---|")
+    out.extend(rows)
 
 
 def emulate_section(d, out):
@@ -253,19 +327,51 @@ def race_section(d, out):
         len(lines), sum(int(line.split("\t")[1]) for line in lines), total / 1e6))
 
 
+TIME_NOTE_ROOFLINE = (
+    "The simulator costs a block as FLOPs at the fitted GEMM rate plus the schedule's "
+    "memory-bound bytes at the fitted block-kernel rate, and its forward at half its "
+    "backward. zreal's forward is nearly as long as its backward: it rounds every "
+    "activation to bf16 and stores it, converts each fp32 GEMM operand to bf16 "
+    "(cuBLAS's tensor cores need both operands in bf16), and writes the s x s scores "
+    "and probabilities of eager attention, traffic the schedule's byte count does not "
+    "hold (see the race's kernel table).")
+TIME_NOTE_OPTABLE = (
+    "The profile has an op table (`op_costs`): zp_cost prices each op as the kernels zreal "
+    "issues for it (zp_cost_kernels: every GEMM at its shape on the GEMM grid, eager attention "
+    "on the attention grid, each elementwise kernel by its bytes at its class's rate, a launch "
+    "each). The attention table above prices the model-shaped attention kernels too slow; the "
+    "blocks' share of that is where the step's time is over-predicted.")
+
+
+def parse_args(argv):
+    d, gpu = os.path.join(ROOT, "reports", "gpu"), "h100"
+    args = list(argv)
+    while args:
+        a = args.pop(0)
+        if a == "--gpu" and args:
+            gpu = args.pop(0)
+        elif a.startswith("-"):
+            sys.exit("generate.py: usage: generate.py [DIR] [--gpu %s]" % "|".join(GPUS))
+        else:
+            d = a
+    if gpu not in GPUS:
+        sys.exit("generate.py: --gpu: '%s' is not one of %s" % (gpu, ", ".join(GPUS)))
+    return d, gpu
+
+
 def main():
-    d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "reports", "gpu")
+    d, gpu = parse_args(sys.argv[1:])
+    g = GPUS[gpu]
     rows = grid_rows(d)
-    out = ["# zreal on one H100: predicted against measured", "",
-           "Generated by `reports/gpu/generate.py` from the JSON in this folder (`sh "
-           "bench/gpu_grid.sh report`); do not edit by hand. Measured on one NVIDIA H100 80GB "
-           "HBM3 (driver 580.159.04, CUDA 13.0, NCCL 2.28.9) lent through the device tool, "
-           "with `bench/gpu_session.sh` (build, `make gpu-test`'s two programs, "
-           "microbenchmarks, race, profile, 7.5B) and `bench/gpu_grid.sh measure`. "
+    prof_path = "hwprofiles/%s-measured.json" % gpu
+    has_table = "op_costs" in load(os.path.join(ROOT, prof_path))
+    out = ["# zreal on one %s: predicted against measured" % g["title"], "",
+           "Generated by `reports/gpu/generate.py` from the JSON in this folder (`GPU=%s sh "
+           "bench/gpu_grid.sh report`); do not edit by hand. Measured on %s. "
            "Predictions: `bench/gpu_grid.sh predict`, `zplan simulate --cluster "
-           "hwprofiles/h100-measured.json --precision bf16 --no-dropout`, on a profile fitted "
+           "%s --precision bf16 --no-dropout`, on a profile fitted "
            "by `zplan calibrate` from `microbench/` alone: no constant was set from a "
-           "training run.", "",
+           "training run." % (gpu, g["device"], prof_path), "",
            "Stages 0 to 3 on one GPU differ in layout only; `rank 0 of N (emulated)` is "
            "`zreal --emulate N`: one process holds exactly rank 0's partitions and buffers, "
            "and collectives are device-to-device copies of the sizes the real ones deliver. "
@@ -273,18 +379,13 @@ def main():
            "buffer zreal allocates; the driver's peak adds the CUDA context and the pool's "
            "slack.", "", "## Summary", ""]
     summary(rows, out)
-    out += ["", "## The calibrated profile (`hwprofiles/h100-measured.json`)", ""]
-    profile_section(d, out)
+    out += ["", "## The calibrated profile (`%s`)" % prof_path, ""]
+    profile_section(d, gpu, out)
+    attention_section(d, gpu, out)
     out += ["", "## Every configuration", ""]
     grid_table(rows, out)
     out += ["", "## Where the time goes, by op", "",
-            "The simulator costs a block as FLOPs at the fitted GEMM rate plus the schedule's "
-            "memory-bound bytes at the fitted block-kernel rate, and its forward at half its "
-            "backward. zreal's forward is nearly as long as its backward: it rounds every "
-            "activation to bf16 and stores it, converts each fp32 GEMM operand to bf16 "
-            "(cuBLAS's tensor cores need both operands in bf16), and writes the s x s scores "
-            "and probabilities of eager attention, traffic the schedule's byte count does not "
-            "hold (see the race's kernel table)."]
+            TIME_NOTE_OPTABLE if has_table else TIME_NOTE_ROOFLINE]
     for name in ["gpt2-124m-n1-s0-mb16-c0", "gpt2-124m-n1-s3-mb4-c1",
                  "gpt2-1.5b-n1-s0-mb4-c0", "gpt2-1.5b-n64-s3-mb4-c1"]:
         row = next((r for r in rows if r["name"] == name and r["m"]), None)
@@ -301,14 +402,15 @@ def main():
         if row:
             memory_table(row, out)
     out += ["", "## The 7.5B model, rank 0 of 64 emulated, stage 3, checkpointing", "",
-            "`zplan simulate` on `hwprofiles/dgx-h100.json` (the datasheet profile) against "
-            "`zreal --backend cuda --emulate 64 --rank 0`:", ""]
+            "`zplan simulate` on %s against "
+            "`zreal --backend cuda --emulate 64 --rank 0`:" % g["emulate_profile"], ""]
     emulate_section(d, out)
-    out += ["", "## Race: GPT-2 124M, micro-batch 8 x 1,024 tokens, bf16, one GPU", "",
-            "`sh bench/gpu_race.sh 8 10`. PyTorch eager runs SDPA (cuDNN's FlashAttention on "
-            "Hopper), and its tied-head GEMMs go through cuBLAS's align1 kernels "
-            "(`race/torch-eager-kernels.txt`, two steps)."]
-    race_section(d, out)
+    if os.path.isdir(os.path.join(d, "race")):
+        out += ["", "## Race: GPT-2 124M, micro-batch 8 x 1,024 tokens, bf16, one GPU", "",
+                "`sh bench/gpu_race.sh 8 10`. PyTorch eager runs SDPA (cuDNN's FlashAttention "
+                "on Hopper), and its tied-head GEMMs go through cuBLAS's align1 kernels "
+                "(`race/torch-eager-kernels.txt`, two steps)."]
+        race_section(d, out)
     path = os.path.join(d, "README.md")
     with open(path + ".tmp", "w") as f:
         f.write("\n".join(out) + "\n")
