@@ -17,6 +17,8 @@
 typedef struct {
     int which;      /* GEMM form, attention pass or elementwise class */
     double x, y;    /* grid coordinates (GEMMs and attention) */
+    double z;       /* attention: log2 of the heads per sample (NAN: not recorded); else 0 */
+    double batch;   /* attention: samples in the call; else 1 */
     double work;    /* FLOPs or bytes */
     double time_s;
     gboolean model; /* one of a model's own kernels ("ops"), not a sweep or grid point */
@@ -25,7 +27,9 @@ typedef struct {
 
 typedef struct {
     GArray *launch;           /* double */
+    GArray *launch_stream;    /* double: the runs that timed launch_stream_s */
     GArray *gemm, *attn, *ew; /* Sample */
+    GArray *attn_kernels;     /* Sample: the model-shaped attention kernels ("kernels") */
     GArray *adam;             /* Sample: bytes (the schedule's), time */
     GArray *contention;       /* double: with / without */
     GPtrArray *ops;           /* json_t rows of "ops", borrowed from `roots` */
@@ -69,6 +73,22 @@ static gboolean sample(json_t *row, const char *path, const char *key, const cha
     return TRUE;
 }
 
+/* An attention row's grid coordinates, heads per sample (`heads` where the row has none: 8 in
+ * a grid that did not record them, NAN for a model's kernel) and batch (1 where none). */
+static gboolean attention_coords(json_t *row, const char *path, double heads, Sample *s,
+                                 GError **error)
+{
+    double seq, hd;
+    s->batch = 1;
+    if (!zp_json_get_number(row, path, "seq_len", TRUE, 1, 1e9, &seq, error) ||
+        !zp_json_get_number(row, path, "head_dim", TRUE, 1, 1e6, &hd, error) ||
+        !zp_json_get_number(row, path, "heads", FALSE, 1, 1e6, &heads, error) ||
+        !zp_json_get_number(row, path, "batch", FALSE, 1, 1e9, &s->batch, error))
+        return FALSE;
+    s->x = log2(seq), s->y = log2(hd), s->z = log2(heads);
+    return TRUE;
+}
+
 static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **error)
 {
     const guint run = r->roots->len - 1;
@@ -86,13 +106,22 @@ static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **erro
     json_array_foreach(json_object_get(root, "attention_grid"), i, row)
     {
         Sample s = {.run = run};
-        double seq, hd;
         if (!sample(row, path, "pass", "flops", pass_name, 2, &s, error) ||
-            !zp_json_get_number(row, path, "seq_len", TRUE, 1, 1e9, &seq, error) ||
-            !zp_json_get_number(row, path, "head_dim", TRUE, 1, 1e6, &hd, error))
+            !attention_coords(row, path, 8, &s, error))
             return FALSE;
-        s.x = log2(seq), s.y = log2(hd);
         g_array_append_val(r->attn, s);
+    }
+    json_array_foreach(json_object_get(root, "kernels"), i, row)
+    {
+        const char *kernel = json_string_value(json_object_get(row, "kernel"));
+        Sample s = {.run = run, .which = kernel && strcmp(kernel, "attention_bwd") == 0};
+        if (!kernel || (strcmp(kernel, "attention_fwd") != 0 && !s.which))
+            continue;
+        if (!zp_json_get_number(row, path, "flops", TRUE, 1, 1e30, &s.work, error) ||
+            !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &s.time_s, error) ||
+            !attention_coords(row, path, NAN, &s, error))
+            return FALSE;
+        g_array_append_val(r->attn_kernels, s);
     }
     json_array_foreach(json_object_get(root, "elementwise"), i, row)
     {
@@ -180,6 +209,11 @@ static gboolean read_run(const char *path, int world, Runs *r, GError **error)
         !read_grid(root, path, r, error))
         return FALSE;
     g_array_append_val(r->launch, launch);
+    if (json_object_get(root, "launch_stream_s")) {
+        if (!zp_json_get_number(root, path, "launch_stream_s", TRUE, 0, 1, &launch, error))
+            return FALSE;
+        g_array_append_val(r->launch_stream, launch);
+    }
     json_t *c = json_object_get(root, "contention"), *ops = json_object_get(root, "ops");
     if (c) {
         double alone, with;
@@ -203,14 +237,11 @@ static gboolean read_run(const char *path, int world, Runs *r, GError **error)
             g_array_append_val(r->ew, s);
         } else if (type && strcmp(type, "attention") == 0 &&
                    !json_is_true(json_object_get(row, "fused"))) {
-            double seq, hd;
             if (!zp_json_get_number(row, path, "flops", TRUE, 1, 1e30, &s.work, error) ||
                 !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &s.time_s, error) ||
-                !zp_json_get_number(row, path, "seq_len", TRUE, 1, 1e9, &seq, error) ||
-                !zp_json_get_number(row, path, "head_dim", TRUE, 1, 1e6, &hd, error))
+                !attention_coords(row, path, NAN, &s, error))
                 return FALSE;
             s.which = json_is_true(json_object_get(row, "backward"));
-            s.x = log2(seq), s.y = log2(hd);
             g_array_append_val(r->attn, s);
         }
     }
@@ -236,10 +267,15 @@ static double least(const GArray *values)
     return t;
 }
 
+static gboolean same_z(double a, double b)
+{
+    return a == b || (isnan(a) && isnan(b));
+}
+
 static gboolean same_point(const Sample *a, const Sample *b)
 {
     return a->which == b->which && a->model == b->model && a->x == b->x && a->y == b->y &&
-           a->work == b->work;
+           same_z(a->z, b->z) && a->batch == b->batch && a->work == b->work;
 }
 
 /* Keeps, of every kind, grid point and size timed in more than one run, the samples of the run
@@ -266,16 +302,25 @@ static void keep_fastest_run(GArray *samples)
     g_free(fastest);
 }
 
-/* The sorted distinct values of one coordinate of the grid samples (not a model's own) of
- * kind `which`. */
-static int axis(GArray *samples, int which, gboolean y, double *out, int max)
+/* A sample of the grid at level z (GEMMs and elementwise: 0; attention: log2 heads): a grid
+ * sample timed there, or a model's own kernel timed there or at heads not recorded. With one
+ * level (`one_level`), every model kernel is the level's, whatever its heads: a table without
+ * a heads axis takes the model's kernels as it always did. */
+static gboolean in_level(const Sample *s, double z, gboolean one_level)
+{
+    return s->model ? one_level || isnan(s->z) || s->z == z : s->z == z;
+}
+
+/* The sorted distinct values of one coordinate (0 x, 1 y, 2 z) of the grid samples (not a
+ * model's own) of kind `which` at level z (any level when `coord` is 2). */
+static int axis(GArray *samples, int which, int coord, double z, double *out, int max)
 {
     int n = 0;
     for (guint i = 0; i < samples->len; i++) {
         const Sample *s = &g_array_index(samples, Sample, i);
-        const double v = y ? s->y : s->x;
+        const double v = coord == 2 ? s->z : coord ? s->y : s->x;
         int at = 0;
-        if (s->which != which || s->model)
+        if (s->which != which || s->model || (coord != 2 && s->z != z))
             continue;
         while (at < n && out[at] < v)
             at++;
@@ -289,16 +334,16 @@ static int axis(GArray *samples, int which, gboolean y, double *out, int max)
     return n;
 }
 
-/* A grid of the rate at each point (the fastest run's: keep_fastest_run), net of the launch
- * (work / (t - launch), at most twice the raw rate), so that launch + work / rate gives the
- * measured time back. A grid point a model's own kernels were timed at takes their mean rate
- * alone: those are the shapes costed. */
-static gboolean grid(GArray *samples, int which, double launch, const char *what, ZpGrid *g,
-                     GError **error)
+/* A grid of the rate at each point of level z (in_level; the fastest run's:
+ * keep_fastest_run), net of the fixed time (work / (t - fixed), at most twice the raw rate),
+ * so that fixed + work / rate gives the measured time back. A grid point a model's own kernels
+ * were timed at takes their mean rate alone: those are the shapes costed. */
+static gboolean grid(GArray *samples, int which, double fixed, double z, gboolean one_level,
+                     const char *what, ZpGrid *g, GError **error)
 {
     memset(g, 0, sizeof *g);
-    g->nx = axis(samples, which, FALSE, g->x, ZP_GRID_MAX_X);
-    g->ny = axis(samples, which, TRUE, g->y, ZP_GRID_MAX_Y);
+    g->nx = axis(samples, which, 0, z, g->x, ZP_GRID_MAX_X);
+    g->ny = axis(samples, which, 1, z, g->y, ZP_GRID_MAX_Y);
     if (g->nx < 1 || g->nx > ZP_GRID_MAX_X || g->ny < 1 || g->ny > ZP_GRID_MAX_Y) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: %d x %d grid points (need 1 to %d x 1 to %d)", what, g->nx, g->ny,
@@ -311,7 +356,7 @@ static gboolean grid(GArray *samples, int which, double launch, const char *what
         for (guint k = 0; k < samples->len; k++) {
             const Sample *s = &g_array_index(samples, Sample, k);
             int i = 0, j = 0;
-            if (s->which != which || s->model != pass)
+            if (s->which != which || s->model != pass || !in_level(s, z, one_level))
                 continue;
             while (i < g->nx && g->x[i] != s->x)
                 i++;
@@ -322,14 +367,15 @@ static gboolean grid(GArray *samples, int which, double launch, const char *what
             if (model[i][j] && !pass)
                 continue;
             model[i][j] = pass;
-            g->v[i][j] += s->work / fmax(s->time_s - launch, s->time_s / 2);
+            g->v[i][j] += s->work / fmax(s->time_s - fixed, s->time_s / 2);
             count[i][j]++;
         }
     for (int i = 0; i < g->nx; i++)
         for (int j = 0; j < g->ny; j++) {
             if (count[i][j] == 0) {
                 g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                            "%s: no run measured grid point (%g, %g)", what, g->x[i], g->y[j]);
+                            "%s: no run measured grid point (%g, %g)%s", what, g->x[i], g->y[j],
+                            one_level ? "" : " at one of its heads levels");
                 return FALSE;
             }
             g->v[i][j] /= count[i][j];
@@ -384,12 +430,17 @@ static gboolean rate_fit(GArray *samples, int which, double launch, const char *
     return ok;
 }
 
-static void warn(const char *ops, double residual)
+static void warn_because(const char *ops, double residual, const char *because)
 {
     if (residual > RESIDUAL_WARN)
         fprintf(stderr, "zplan calibrate: warning: the op table misses %s by %.1f%% (over "
-                        "%.0f%%): rerun the microbenchmark on a quiet machine, or expect that "
-                        "error in predictions\n", ops, 100 * residual, 100 * RESIDUAL_WARN);
+                        "%.0f%%): %s\n", ops, 100 * residual, 100 * RESIDUAL_WARN, because);
+}
+
+static void warn(const char *ops, double residual)
+{
+    warn_because(ops, residual, "rerun the microbenchmark on a quiet machine, or expect that "
+                                "error in predictions");
 }
 
 /* A model-shaped kernel of an "ops" row as the table costs it; -1 when the table does not
@@ -414,10 +465,11 @@ static double predict(const ZpOpTable *t, json_t *row)
         if (json_is_true(json_object_get(row, "fused")))
             return -1;
         const int pass = json_is_true(json_object_get(row, "backward"));
-        return t->launch_s +
-               flops / zp_grid_at(&t->eager_attention[pass],
-                                  log2(json_number_value(json_object_get(row, "seq_len"))),
-                                  log2(json_number_value(json_object_get(row, "head_dim"))));
+        const double heads = json_number_value(json_object_get(row, "heads"));
+        return zp_optable_attention_s(t, pass, flops,
+                                      log2(json_number_value(json_object_get(row, "seq_len"))),
+                                      log2(json_number_value(json_object_get(row, "head_dim"))),
+                                      heads > 0 ? log2(heads) : t->attn_log2_heads[0]);
     }
     const int c = name_index(json_string_value(json_object_get(row, "class")), class_name,
                              ZP_EW_N);
@@ -475,6 +527,13 @@ static void warn_checks(json_t *checks)
     if (json_object_get(checks, "model_gemms_rms_rel_error"))
         warn("the model-shaped GEMMs (the GEMM surface between its grid points)",
              json_number_value(json_object_get(checks, "model_gemms_rms_rel_error")));
+    if (json_object_get(checks, "kernels_attention_rms_rel_error"))
+        warn_because("the model-shaped attention kernels of the device microbenchmark "
+                     "(\"kernels\")",
+                     json_number_value(json_object_get(checks, "kernels_attention_rms_rel_error")),
+                     "their heads lie off the attention grid's heads levels (a run of zreal "
+                     "before 2026-11-30 times 8 heads alone; rerun the microbenchmark with this "
+                     "one), or the machine was busy");
     if (json_object_get(checks, "model_attention_rms_rel_error"))
         warn("the model-shaped attention kernels (eager_attention)",
              json_number_value(json_object_get(checks, "model_attention_rms_rel_error")));
@@ -495,9 +554,74 @@ static void warn_checks(json_t *checks)
              json_number_value(json_object_get(checks, "optimizer_rms_rel_error")));
 }
 
+/* Pairs of one attention point (pass, sequence, head dimension, heads) timed at two batches,
+ * grid and model-shaped kernels alike (not a model's own): t = fixed + b t_sample gives each
+ * pair's fixed time (b2 t1 - b1 t2) / (b2 - b1). Their median, at least the launch (a call
+ * costs its launch); the launch where no point was timed at two batches. */
+static double attention_fixed(const Runs *r, int pass, double launch)
+{
+    GArray *est = g_array_new(FALSE, FALSE, sizeof(double));
+    const GArray *sets[] = {r->attn, r->attn_kernels};
+    for (int u = 0; u < 2; u++)
+        for (int v = u; v < 2; v++)
+            for (guint i = 0; i < sets[u]->len; i++)
+                for (guint j = u == v ? i + 1 : 0; j < sets[v]->len; j++) {
+                    const Sample *a = &g_array_index(sets[u], Sample, i);
+                    const Sample *b = &g_array_index(sets[v], Sample, j);
+                    if (a->model || b->model || a->which != pass || b->which != pass ||
+                        a->x != b->x || a->y != b->y || !same_z(a->z, b->z) ||
+                        a->batch == b->batch)
+                        continue;
+                    const double e = (b->batch * a->time_s - a->batch * b->time_s) /
+                                     (b->batch - a->batch);
+                    g_array_append_val(est, e);
+                }
+    const double fixed = est->len ? fmax(launch, median(est)) : launch;
+    g_array_unref(est);
+    return fixed;
+}
+
+/* The eager-attention table: each pass's fixed time (attention_fixed), the heads levels the
+ * grid was timed at (1 to ZP_ATTN_MAX_LEVELS) and a grid per level and pass; and how it
+ * prices the model-shaped kernels the run also timed (checks "kernels_attention_rms_rel_error"). */
+static gboolean attention_table(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
+{
+    for (int p = 0; p < 2; p++)
+        t->attn_fixed_s[p] = attention_fixed(r, p, t->launch_s);
+    double z[ZP_ATTN_MAX_LEVELS + 1];
+    const int n = axis(r->attn, 0, 2, 0, z, ZP_ATTN_MAX_LEVELS);
+    if (n < 1 || n > ZP_ATTN_MAX_LEVELS || n != axis(r->attn, 1, 2, 0, z, ZP_ATTN_MAX_LEVELS)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "attention_grid: %d heads levels, or other levels forward and backward "
+                    "(need 1 to %d, the same in both)", n, ZP_ATTN_MAX_LEVELS);
+        return FALSE;
+    }
+    t->attn_levels = n;
+    memcpy(t->attn_log2_heads, z, (size_t)n * sizeof *z);
+    gboolean ok = TRUE;
+    for (int l = 0; ok && l < n; l++)
+        for (int p = 0; ok && p < 2; p++)
+            ok = grid(r->attn, p, t->attn_fixed_s[p], z[l], n == 1, "attention_grid",
+                      &t->eager_attention[l][p], error);
+    double sq = 0;
+    guint n_checked = 0;
+    for (guint i = 0; ok && i < r->attn_kernels->len; i++) {
+        const Sample *s = &g_array_index(r->attn_kernels, Sample, i);
+        if (isnan(s->z)) /* heads not recorded: no level to price it at */
+            continue;
+        const double tp = zp_optable_attention_s(t, s->which, s->work, s->x, s->y, s->z);
+        sq += pow((tp - s->time_s) / s->time_s, 2), n_checked++;
+    }
+    if (ok && n_checked)
+        json_object_set_new(checks, "kernels_attention_rms_rel_error",
+                            json_real(sqrt(sq / n_checked)));
+    return ok;
+}
+
 static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
 {
     t->launch_s = least(r->launch);
+    t->launch_stream_s = r->launch_stream->len ? least(r->launch_stream) : t->launch_s;
     keep_fastest_run(r->gemm);
     keep_fastest_run(r->attn);
     keep_fastest_run(r->ew);
@@ -505,12 +629,12 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
     gboolean ok = TRUE;
     for (int f = 0; ok && f < ZP_GEMM_N; f++) {
         char *what = g_strdup_printf("gemm_grid (%s)", form_name(f));
-        ok = grid(r->gemm, f, t->launch_s, what, &t->gemm[f], error);
+        ok = grid(r->gemm, f, t->launch_s, 0, TRUE, what, &t->gemm[f], error);
         g_free(what);
     }
+    keep_fastest_run(r->attn_kernels);
     t->has_eager_attention = r->attn->len > 0;
-    for (int p = 0; ok && t->has_eager_attention && p < 2; p++)
-        ok = grid(r->attn, p, t->launch_s, "attention_grid", &t->eager_attention[p], error);
+    ok = ok && (!t->has_eager_attention || attention_table(r, t, checks, error));
     json_t *ew = json_object();
     json_object_set_new(checks, "elementwise_rms_rel_error", ew);
     for (int c = 0; ok && c < ZP_EW_N; c++) {
@@ -565,15 +689,47 @@ static gboolean copy_curve(const Runs *r, ZpCollRow *row, GError **error)
     return ok;
 }
 
+/* The heads levels in words, for the table's note: "8 and 32 heads". */
+static char *attention_levels_text(const ZpOpTable *t)
+{
+    GString *out = g_string_new(NULL);
+    for (int l = 0; t->has_eager_attention && l < t->attn_levels; l++) {
+        const char *sep = l == 0 ? "" : l + 1 == t->attn_levels ? " and " : ", ";
+        g_string_append_printf(out, "%s%.0f", sep, exp2(t->attn_log2_heads[l]));
+    }
+    g_string_append(out, t->has_eager_attention ? " heads" : "none timed");
+    return g_string_free(out, FALSE);
+}
+
+/* How each pass's fixed time was found, for the table's note. */
+static char *attention_fixed_text(const ZpOpTable *t)
+{
+    if (!t->has_eager_attention)
+        return g_strdup("none");
+    if (t->attn_fixed_s[0] == t->launch_s && t->attn_fixed_s[1] == t->launch_s)
+        return g_strdup("the launch: no point was timed at two batches");
+    return g_strdup_printf("forward %.3g s, backward %.3g s: the median over the points timed "
+                           "at two batches b1, b2 of (b2 t1 - b1 t2) / (b2 - b1), grid and "
+                           "model-shaped kernels alike, at least the launch",
+                           t->attn_fixed_s[0], t->attn_fixed_s[1]);
+}
+
 gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                          void *calibration, void *notes, GError **error)
 {
-    Runs r = {g_array_new(FALSE, FALSE, sizeof(double)), g_array_new(FALSE, FALSE, sizeof(Sample)),
-              g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(Sample)),
-              g_array_new(FALSE, FALSE, sizeof(Sample)), g_array_new(FALSE, FALSE, sizeof(double)),
-              g_ptr_array_new(), g_ptr_array_new_with_free_func((GDestroyNotify)json_decref),
-              g_ptr_array_new_with_free_func(g_free), g_array_new(FALSE, FALSE, sizeof(ZpOpTime)),
-              g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref), ""};
+    Runs r = {.launch = g_array_new(FALSE, FALSE, sizeof(double)),
+              .launch_stream = g_array_new(FALSE, FALSE, sizeof(double)),
+              .gemm = g_array_new(FALSE, FALSE, sizeof(Sample)),
+              .attn = g_array_new(FALSE, FALSE, sizeof(Sample)),
+              .ew = g_array_new(FALSE, FALSE, sizeof(Sample)),
+              .attn_kernels = g_array_new(FALSE, FALSE, sizeof(Sample)),
+              .adam = g_array_new(FALSE, FALSE, sizeof(Sample)),
+              .contention = g_array_new(FALSE, FALSE, sizeof(double)),
+              .ops = g_ptr_array_new(),
+              .roots = g_ptr_array_new_with_free_func((GDestroyNotify)json_decref),
+              .runs = g_ptr_array_new_with_free_func(g_free),
+              .whole = g_array_new(FALSE, FALSE, sizeof(ZpOpTime)),
+              .whole_times = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref)};
     gboolean ok = TRUE;
     *op_costs = NULL;
     for (int i = 0; ok && i < n_paths; i++)
@@ -592,13 +748,18 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
             *op_costs = zp_optable_to_json(&t);
             json_object_set_new(calibration, "op_table", checks);
             warn_checks(checks);
+            char *heads = attention_levels_text(&t), *fixed = attention_fixed_text(&t);
             char *note = g_strdup_printf(
                 "measured on this machine and fitted by zplan calibrate from %s (%d ranks): "
                 "GEMM rates at the grid points of each form's log2(m n k) x log2(aspect) grid "
-                "and eager attention's log2(seq) x log2(head_dim) grid (net of the launch); "
+                "(net of the launch); eager attention's log2(seq) x log2(head_dim) grid of one "
+                "sample's rate at each heads level the runs timed (%s), net of each pass's "
+                "fixed time per call (%s); "
                 "each elementwise class t = c0 + bytes / rate by GSL weighted "
                 "least squares (1/t^2) over its size sweep and the model's own kernels; the "
-                "optimizer from Adam's runs; launch_s a one-element add; each grid point, size "
+                "optimizer from Adam's runs; launch_s a one-element add timed alone, "
+                "launch_stream_s one of 64 back to back (what a kernel costs in a step's "
+                "stream; launch_s where no run timed it); each grid point, size "
                 "and kernel the fastest run's time (each run's the median of its repeats: load "
                 "only adds time); ops: each compute op "
                 "timed whole inside a step's sequence of ops (real_opseq), the optimizer there "
@@ -610,18 +771,21 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
                 "copying at once), the least over the runs, each size at most every larger "
                 "size's, read for the copies around the "
                 "collectives%s; contention %s",
-                runs, world, t.copy.n > 0 ? "" : " (none timed: the convert rate instead)",
+                runs, world, heads, fixed,
+                t.copy.n > 0 ? "" : " (none timed: the convert rate instead)",
                 r.contention->len ? "the median ratio of a 512^3 GEMM's time while all-reduces "
                                     "of 4 MiB run to its time alone"
                                   : "1: not measured (one rank, or a device backend)");
             json_object_set_new(notes, "op_costs", json_string(note));
-            g_free(note);
+            g_free(note), g_free(heads), g_free(fixed);
         } else {
             json_decref(checks);
         }
         g_free(runs);
     }
-    g_array_unref(r.launch), g_array_unref(r.gemm), g_array_unref(r.attn);
+    g_array_unref(r.launch), g_array_unref(r.launch_stream);
+    g_array_unref(r.gemm), g_array_unref(r.attn);
+    g_array_unref(r.attn_kernels);
     g_array_unref(r.ew), g_array_unref(r.adam), g_array_unref(r.contention);
     g_ptr_array_unref(r.ops), g_ptr_array_unref(r.roots), g_ptr_array_unref(r.runs);
     g_array_unref(r.whole), g_ptr_array_unref(r.whole_times);

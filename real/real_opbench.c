@@ -225,25 +225,38 @@ static gboolean time_attention(Bench *x, double *t, GError **error)
     return timed(x, run_attention, t, error);
 }
 
+static gboolean attention_point(Bench *x, int pass, int batch, int heads, int s, int head_dim,
+                                json_t *out, GError **error)
+{
+    x->batch = batch, x->seq = 1 << s, x->heads = x->kv_heads = heads;
+    x->head_dim = head_dim, x->backward = pass, x->fused = FALSE;
+    double t;
+    if (!time_attention(x, &t, error))
+        return FALSE;
+    json_array_append_new(out, json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f}", "pass",
+                                         pass ? "backward" : "forward", "batch", batch, "heads",
+                                         heads, "seq_len", 1 << s, "head_dim", head_dim,
+                                         "flops", attention_flops(x), "time_s", t));
+    return TRUE;
+}
+
 /* Eager multi-head attention over sequence lengths 2^s_lo..2^s_hi and head dimensions 16 to
- * 128, batch 1 of 8 heads. */
-static gboolean bench_attention_grid(Bench *x, int s_lo, int s_hi, json_t *out, GError **error)
+ * 128, batch 1, at each of `n_heads` head counts (zp_optable's heads levels: a sample's heads
+ * run at once, so its rate grows with them); and, where `pairs`, the 8-head points to 2^10 at
+ * batch 4 too: a call's samples run one after another, and two batches at one point give the
+ * call's fixed time (cli_optable's attention_fixed). */
+static gboolean bench_attention_grid(Bench *x, int s_lo, int s_hi, const int *heads,
+                                     int n_heads, gboolean pairs, json_t *out, GError **error)
 {
     static const int head_dims[] = {16, 32, 64, 128};
     for (int pass = 0; pass < 2; pass++)
-        for (size_t d = 0; d < G_N_ELEMENTS(head_dims); d++)
-            for (int s = s_lo; s <= s_hi; s++) {
-                x->batch = 1, x->seq = 1 << s, x->heads = x->kv_heads = 8;
-                x->head_dim = head_dims[d], x->backward = pass, x->fused = FALSE;
-                double t;
-                if (!time_attention(x, &t, error))
-                    return FALSE;
-                json_array_append_new(
-                    out, json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f}", "pass",
-                                   pass ? "backward" : "forward", "batch", 1, "heads", 8,
-                                   "seq_len", 1 << s, "head_dim", head_dims[d], "flops",
-                                   attention_flops(x), "time_s", t));
-            }
+        for (int h = 0; h < n_heads; h++)
+            for (size_t d = 0; d < G_N_ELEMENTS(head_dims); d++)
+                for (int s = s_lo; s <= s_hi; s++)
+                    if (!attention_point(x, pass, 1, heads[h], s, head_dims[d], out, error) ||
+                        (pairs && heads[h] == 8 && s <= 10 &&
+                         !attention_point(x, pass, 4, 8, s, head_dims[d], out, error)))
+                        return FALSE;
     return TRUE;
 }
 
@@ -522,6 +535,8 @@ static gboolean bench_ops(Bench *x, const ZpModel *model, const ZpPlan *plan, js
             } else if (k->kind == ZP_KERNEL_ATTENTION) {
                 json_object_set_new(row, "seq_len", json_integer(x->seq));
                 json_object_set_new(row, "head_dim", json_integer(x->head_dim));
+                json_object_set_new(row, "heads", json_integer(x->heads));
+                json_object_set_new(row, "batch", json_integer(x->batch));
                 json_object_set_new(row, "backward", json_boolean(k->sub));
                 json_object_set_new(row, "fused", json_boolean(x->fused));
             } else if (k->kind == ZP_KERNEL_EW) {
@@ -541,6 +556,22 @@ static gboolean run_launch(void *p, GError **error)
     return TRUE;
 }
 
+/* Kernels in a row for launch_stream_s: enough that one call's start and end are a small part
+ * of the time. */
+#define STREAM_LAUNCHES 64
+
+/* STREAM_LAUNCHES one-element adds back to back: a kernel's cost among others in a stream,
+ * where its launch overlaps the kernel before (on a device, the host's issue interval or the
+ * device's least time a kernel, whichever is longer). */
+static gboolean run_launch_stream(void *p, GError **error)
+{
+    (void)error;
+    Bench *x = p;
+    for (int i = 0; i < STREAM_LAUNCHES; i++)
+        x->be->add(x->be, x->f[2], x->f[0], x->f[1], 1);
+    return TRUE;
+}
+
 gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
                           const ZpPlan *plan, void *root_json, GError **error)
 {
@@ -548,16 +579,25 @@ gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     const gboolean device = be->mark != NULL;
     Bench x = {.be = be, .comm = comm, .rand = g_rand_new_with_seed(4321)};
     json_t *grid = json_array(), *attn = json_array(), *ew = json_array(), *ops = json_array();
-    double launch_s = 0;
+    double launch_s = 0, launch_stream_s = 0;
+    static const int attention_heads[] = {8, 32};
     /* The grids: up to 2^30 (a 1024^3 GEMM, 2 GFLOP) on a CPU core, 2^42 on a device;
      * aspects to 2^8 on a CPU (an LM head over a large vocabulary and few tokens: GPT-2's
      * 50,257 x 768 over 256 tokens is 2^7.6; a device's tokens keep it within 2^6), the
-     * extra row costing little at these sizes; sequences to 1,024 and 8,192. */
+     * extra row costing little at these sizes. Attention: sequences to 1,024 at 8 heads on a
+     * CPU (its cores share a sample's heads alike); on a device to 4,096 at 8 and 32 heads,
+     * with the 8-head points to 1,024 also at batch 4. A device timed 8 heads alone to 8,192
+     * until its model-shaped kernels (real_microbench's, at 12 and 25 heads) ran 24-63%
+     * faster than that grid priced them (reports/gpu/h200); 32 heads to 4,096 holds the
+     * largest buffers (2^29 elements) that 8 heads to 8,192 did. */
     gboolean ok = buffers(&x, 64, error) &&
                   real_timing_median_s(be, comm, run_launch, &x, 7, &launch_s, error) &&
+                  real_timing_median_s(be, comm, run_launch_stream, &x, 7, &launch_stream_s,
+                                       error) &&
                   bench_gemm_grid(&x, device ? 24 : 12, device ? 42 : 30, device ? 6 : 8, grid,
                                   error) &&
-                  bench_attention_grid(&x, device ? 8 : 5, device ? 13 : 10, attn, error);
+                  bench_attention_grid(&x, device ? 8 : 5, device ? 12 : 10, attention_heads,
+                                       device ? 2 : 1, device, attn, error);
     /* Elementwise classes over GPT-2-like rows (a model's own norm and activation when
      * given), 2^12 to 2^20 elements on a CPU, 2^16 to 2^26 on a device. */
     x.heads = x.kv_heads = 4, x.head_dim = 64;
@@ -573,6 +613,7 @@ gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
     ok = ok && (!model || real_opseq_run(be, comm, model, plan, root, error));
     g_rand_free(x.rand);
     json_object_set_new(root, "launch_s", json_real(launch_s));
+    json_object_set_new(root, "launch_stream_s", json_real(launch_stream_s / STREAM_LAUNCHES));
     json_object_set_new(root, "gemm_grid", grid);
     json_object_set_new(root, "attention_grid", attn);
     json_object_set_new(root, "elementwise", ew);

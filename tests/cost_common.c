@@ -6,7 +6,8 @@
  * every elementwise class at its own rate, eager attention flat. */
 ZpOpTable synthetic_table(void)
 {
-    ZpOpTable t = {.present = TRUE, .launch_s = 1e-6, .optimizer_bytes_per_s = 4e9,
+    ZpOpTable t = {.present = TRUE, .launch_s = 1e-6, .launch_stream_s = 1e-6,
+                   .optimizer_bytes_per_s = 4e9,
                    .contention = 1.5, .has_eager_attention = TRUE};
     g_strlcpy(t.source, "synthetic (test_cost)", sizeof t.source);
     for (int f = 0; f < ZP_GEMM_N; f++) {
@@ -16,9 +17,12 @@ ZpOpTable synthetic_table(void)
             for (int j = 0; j < g->ny; j++)
                 g->v[i][j] = (1 + f) * 1e9 * (i + 1) / (j + 1);
     }
-    for (int p = 0; p < 2; p++)
-        t.eager_attention[p] = (ZpGrid){.nx = 1, .ny = 1, .x = {5}, .y = {4},
-                                        .v = {{p ? 2e9 : 3e9}}};
+    t.attn_levels = 1, t.attn_log2_heads[0] = 3;
+    for (int p = 0; p < 2; p++) {
+        t.eager_attention[0][p] = (ZpGrid){.nx = 1, .ny = 1, .x = {5}, .y = {4},
+                                           .v = {{p ? 2e9 : 3e9}}};
+        t.attn_fixed_s[p] = t.launch_s;
+    }
     for (int c = 0; c < ZP_EW_N; c++)
         t.ew_bytes_per_s[c] = (c + 1) * 1e9;
     /* A whole-op time at a shape no model here has: read back, never used. */

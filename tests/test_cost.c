@@ -35,6 +35,94 @@ static void test_round_trip(void)
     g_free(src);
 }
 
+/* Eager attention at heads levels: a call is its fixed time plus its FLOPs at the rate of the
+ * heads per sample, linear in log2 heads between two levels and held beyond them; zp_cost asks
+ * at the model's heads over the tensor degree. The levels and fixed times are written and read
+ * back, and a table without them (the format before) is one level of 8 heads with the launch
+ * as fixed time. */
+static void test_attention_heads_levels(void)
+{
+    ZpOpTable t = synthetic_table();
+    t.attn_levels = 2, t.attn_log2_heads[0] = 1, t.attn_log2_heads[1] = 3; /* 2 and 8 heads */
+    for (int p = 0; p < 2; p++) {
+        t.eager_attention[1][p] = t.eager_attention[0][p];
+        t.eager_attention[0][p].v[0][0] = (p + 1) * 1e9;
+        t.eager_attention[1][p].v[0][0] = (p + 1) * 3e9;
+        t.attn_fixed_s[p] = (p + 1) * 2e-6;
+    }
+    const double F = 6e6;
+    for (int p = 0; p < 2; p++) {
+        const double fixed = (p + 1) * 2e-6, rate = (p + 1) * 1e9;
+        g_assert_cmpfloat(fabs(zp_optable_attention_s(&t, p, F, 5, 4, 2) -
+                               (fixed + F / (2 * rate))), <, 1e-15);
+        g_assert_cmpfloat(zp_optable_attention_s(&t, p, F, 5, 4, 0), ==, fixed + F / rate);
+        g_assert_cmpfloat(zp_optable_attention_s(&t, p, F, 5, 4, 7), ==, fixed + F / (3 * rate));
+    }
+    /* zp_cost: tiny has 4 heads, 2 a rank at tensor degree 2; in a step's stream each kernel
+     * costs launch_stream_s where a kernel timed alone cost launch_s. */
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(&hw, &m, &p, 0, 1, 1, TRUE);
+    t.launch_stream_s = 0.25e-6;
+    hw.op_costs = t;
+    for (int mp = 1; mp <= 2; mp++) {
+        p.mp = mp;
+        ZpCost c;
+        g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+        g_assert_true(c.table);
+        g_assert_cmpfloat(c.log2_heads, ==, mp == 1 ? 2 : 1);
+        const ZpKernel k = {.kind = ZP_KERNEL_ATTENTION, .sub = 1, .flops = F};
+        g_assert_cmpfloat(fabs(zp_cost_kernel_s(&c, &k) -
+                               (zp_optable_attention_s(&t, 1, F, c.log2_seq, c.log2_head_dim,
+                                                       mp == 1 ? 2 : 1) -
+                                0.75e-6)), <, 1e-18);
+        const ZpKernel add = {.kind = ZP_KERNEL_EW, .sub = ZP_EW_ADD, .bytes = 5e3};
+        g_assert_cmpfloat(fabs(zp_cost_kernel_s(&c, &add) - (0.25e-6 + 5e3 / 5e9)), <, 1e-18);
+    }
+    /* Written and read back; the format without levels; a level count the grids do not have. */
+    GError *error = NULL;
+    char *src = g_build_filename(zp_data_dir(), "hwprofiles", "dgx-h100.json", NULL);
+    json_t *root = zp_json_load_object(src, &error);
+    g_assert_no_error(error);
+    json_t *table = zp_optable_to_json(&t);
+    json_object_set(root, "op_costs", table);
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "profile.json", NULL);
+    g_assert_true(zp_json_write(root, path, &error));
+    load_hw(path, &hw);
+    g_assert_true(memcmp(&hw.op_costs, &t, sizeof t) == 0);
+    json_t *attn = json_object_get(table, "eager_attention");
+    json_object_del(attn, "fixed_s");
+    json_object_del(attn, "log2_heads");
+    json_object_set_new(attn, "forward", json_pack("[[f]]", 5e9));
+    json_object_set_new(attn, "backward", json_pack("[[f]]", 6e9));
+    g_assert_true(zp_json_write(root, path, &error));
+    load_hw(path, &hw);
+    g_assert_cmpint(hw.op_costs.attn_levels, ==, 1);
+    g_assert_cmpfloat(hw.op_costs.attn_log2_heads[0], ==, 3);
+    g_assert_cmpfloat(hw.op_costs.attn_fixed_s[0], ==, t.launch_s);
+    g_assert_cmpfloat(hw.op_costs.attn_fixed_s[1], ==, t.launch_s);
+    g_assert_cmpfloat(zp_optable_attention_s(&hw.op_costs, 1, F, 5, 4, 6), ==,
+                      t.launch_s + F / 6e9);
+    json_object_set_new(attn, "log2_heads", json_pack("[f, f]", 1.0, 3.0));
+    g_assert_true(zp_json_write(root, path, &error));
+    g_assert_false(zp_hw_load(path, &hw, &error));
+    g_assert_nonnull(strstr(error->message, "\"forward\" must be 2 grids, one per log2_heads"));
+    g_clear_error(&error);
+    json_object_del(attn, "log2_heads");
+    json_object_set_new(attn, "fixed_s", json_pack("[f]", 1e-6));
+    g_assert_true(zp_json_write(root, path, &error));
+    g_assert_false(zp_hw_load(path, &hw, &error));
+    g_assert_nonnull(strstr(error->message, "\"fixed_s\" must be two times"));
+    g_clear_error(&error);
+    g_unlink(path);
+    g_rmdir(dir);
+    json_decref(table);
+    json_decref(root);
+    g_free(path), g_free(dir), g_free(src);
+}
+
 /* The surface is exact at every grid point; between two neighbours along either axis it stays
  * between their values and moves one way. */
 static void test_interpolation(void)
@@ -536,6 +624,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/cost/round-trip", test_round_trip);
     g_test_add_func("/cost/interpolation", test_interpolation);
+    g_test_add_func("/cost/attention-heads-levels", test_attention_heads_levels);
     g_test_add_func("/cost/fallback-reported", test_fallback_reported);
     g_test_add_func("/cost/hand-computed", test_hand_computed);
     g_test_add_func("/cost/contention", test_contention);

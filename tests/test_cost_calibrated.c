@@ -195,6 +195,7 @@ static void test_calibrated_round_trip(void)
     g_assert_true(t->present);
     g_assert_cmpstr(t->backend, ==, "cpu");
     g_assert_cmpfloat(t->launch_s, ==, 1e-6);
+    g_assert_cmpfloat(t->launch_stream_s, ==, 1e-6); /* the run did not time it */
     g_assert_cmpfloat(t->contention, ==, 1.25);
     g_assert_true(close_to(t->optimizer_bytes_per_s, 2e9));
     for (int form = 0; form < ZP_GEMM_N; form++) {
@@ -207,7 +208,7 @@ static void test_calibrated_round_trip(void)
                                        grid_rate(form, g->x[i], g->y[j])));
     }
     g_assert_true(t->has_eager_attention);
-    g_assert_true(close_to(zp_grid_at(&t->eager_attention[1], 5, 4), 2e9));
+    g_assert_true(close_to(zp_grid_at(&t->eager_attention[0][1], 5, 4), 2e9));
     for (int c = 0; c < ZP_EW_N; c++)
         g_assert_true(close_to(t->ew_bytes_per_s[c], (c + 1) * 1e9));
     /* Written and read again: the same table. */
@@ -228,6 +229,93 @@ static void test_calibrated_round_trip(void)
     g_assert_nonnull(strstr(r.err, "warning: the op table misses the elementwise class add"));
     g_assert_null(strstr(r.err, "class norm_fwd"));
     tu_free(&r);
+    g_unlink(run);
+    g_unlink(prof);
+    g_rmdir(dir);
+    g_free(args), g_free(run), g_free(prof), g_free(dir);
+}
+
+/* A sample's attention rate at log2 heads z: linear in z, so that the table's interpolation
+ * between the levels 3 and 5 is exact at z = 4. */
+static double attn_rate(int pass, double z)
+{
+    return (pass + 1) * 1e9 * (1 + z / 4);
+}
+
+static double attn_time(int pass, int batch, int heads, int seq, int hd, double fixed_scale)
+{
+    const double sample = 4.0 * (1 + pass) * seq * seq * hd * heads;
+    return fixed_scale * (pass + 1) * 3e-6 + batch * sample / attn_rate(pass, log2(heads));
+}
+
+/* Eager attention timed at 8 and 32 heads, the 8-head points also at batch 4, and the
+ * model-shaped kernels of a device run at 16 heads: calibrate finds each pass's fixed time
+ * (3 and 6 us, not the 1 us launch) from the batch pairs, a grid per heads level, and prices
+ * the 16-head kernels exactly between the levels; a kernel 1.5 times slower is a warning. The
+ * run's launch_stream_s is the table's. */
+static void test_calibrated_attention(void)
+{
+    GError *error = NULL;
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *run = g_build_filename(dir, "run.json", NULL);
+    char *prof = g_build_filename(dir, "prof.json", NULL);
+    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    for (int slow = 0; slow < 2; slow++) {
+        json_t *root = synthetic_run(1), *attn = json_array(), *kernels = json_array();
+        for (int pass = 0; pass < 2; pass++)
+            for (int heads = 8; heads <= 32; heads *= 4)
+                for (int seq = 32; seq <= 64; seq *= 2)
+                    for (int hd = 16; hd <= 32; hd *= 2)
+                        for (int batch = 1; batch <= (heads == 8 ? 4 : 1); batch *= 4)
+                            json_array_append_new(
+                                attn, json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f}", "pass",
+                                                pass ? "backward" : "forward", "batch", batch,
+                                                "heads", heads, "seq_len", seq, "head_dim", hd,
+                                                "flops", 4.0 * (1 + pass) * batch * seq * seq *
+                                                             hd * heads,
+                                                "time_s",
+                                                attn_time(pass, batch, heads, seq, hd, 1)));
+        for (int pass = 0; pass < 2; pass++)
+            json_array_append_new(
+                kernels, json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f}", "kernel",
+                                   pass ? "attention_bwd" : "attention_fwd", "batch", 2,
+                                   "seq_len", 64, "heads", 16, "head_dim", 32, "flops",
+                                   4.0 * (1 + pass) * 2 * 64 * 64 * 32 * 16, "time_s",
+                                   (slow && pass ? 1.5 : 1) *
+                                       attn_time(pass, 2, 16, 64, 32, 1)));
+        json_object_set_new(root, "attention_grid", attn);
+        json_object_set_new(root, "kernels", kernels);
+        json_object_set_new(root, "launch_stream_s", json_real(0.4e-6));
+        g_assert_true(zp_json_write(root, run, &error));
+        json_decref(root);
+        TuRun r = tu_zplan(args);
+        g_test_message("%s%s", r.out, r.err);
+        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        const char *warning = "op table misses the model-shaped attention kernels";
+        if (slow) {
+            g_assert_nonnull(strstr(r.err, warning));
+            tu_free(&r);
+            break;
+        }
+        g_assert_null(strstr(r.err, warning));
+        tu_free(&r);
+        ZpHw hw;
+        load_hw(prof, &hw);
+        const ZpOpTable *t = &hw.op_costs;
+        g_assert_cmpfloat(t->launch_stream_s, ==, 0.4e-6);
+        g_assert_cmpint(t->attn_levels, ==, 2);
+        g_assert_cmpfloat(t->attn_log2_heads[0], ==, 3);
+        g_assert_cmpfloat(t->attn_log2_heads[1], ==, 5);
+        for (int pass = 0; pass < 2; pass++) {
+            g_assert_true(close_to(t->attn_fixed_s[pass], (pass + 1) * 3e-6));
+            for (int l = 0; l < 2; l++)
+                g_assert_true(close_to(zp_grid_at(&t->eager_attention[l][pass], 6, 5),
+                                       attn_rate(pass, 3 + 2 * l)));
+            const double flops = 4.0 * (1 + pass) * 2 * 64 * 64 * 32 * 16;
+            g_assert_true(close_to(zp_optable_attention_s(t, pass, flops, 6, 5, 4),
+                                   attn_time(pass, 2, 16, 64, 32, 1)));
+        }
+    }
     g_unlink(run);
     g_unlink(prof);
     g_rmdir(dir);
@@ -756,6 +844,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/whole-ops-init", test_whole_ops_init);
     g_test_add_func("/cost/copy-curve", test_copy_curve);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
+    g_test_add_func("/cost/calibrated-attention", test_calibrated_attention);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);
     g_test_add_func("/cost/calibrated-fastest-run", test_calibrated_fastest_run);
     g_test_add_func("/cost/calibrated-collectives", test_calibrated_collectives);

@@ -75,12 +75,16 @@ double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k)
     } else if (k->kind == ZP_KERNEL_ATTENTION && c->attn_flops_per_s > 0) {
         rate = c->attn_flops_per_s;
     } else if (k->kind == ZP_KERNEL_ATTENTION) {
-        rate = zp_grid_at(&t->eager_attention[k->sub], c->log2_seq, c->log2_head_dim);
+        return zp_optable_attention_s(t, k->sub, k->flops, c->log2_seq, c->log2_head_dim,
+                                      c->log2_heads) -
+               zp_optable_stream_saving_s(t);
     } else {
         rate = t->ew_bytes_per_s[k->sub];
         work = k->bytes;
     }
-    return t->launch_s + work / rate;
+    /* The table's rates are net of launch_s, a kernel timed alone; in a step's stream it
+     * costs launch_stream_s (zp_optable_stream_saving_s). */
+    return t->launch_s - zp_optable_stream_saving_s(t) + work / rate;
 }
 
 static double kernels_s(const ZpCost *c, const ZpKernels *ks)
@@ -416,6 +420,7 @@ static gboolean cost_init(ZpCost *c, const ZpHw *hw, const ZpModel *model, const
         zp_plan_step_bytes(zp_plan_state_bytes(plan->precision, plan->optimizer));
     c->log2_seq = log2((double)model->seq_len);
     c->log2_head_dim = log2((double)zp_model_head_dim(model));
+    c->log2_heads = log2(MAX(1.0, (double)model->heads / plan->mp));
     const int world = plan->dp * plan->mp * zp_plan_pp(plan);
     c->ranks = hw->gpus_per_node > 0 ? MIN(world, hw->gpus_per_node) : world;
     GString *whole = g_string_new(NULL), *summed = g_string_new(NULL);

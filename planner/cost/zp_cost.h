@@ -47,7 +47,9 @@ typedef struct ZpCost {
      * (its source: a bf16 MAMF search), so an fp32 plan's GEMMs keep the fp32 roofline. */
     gboolean gemm_surface;
     double attn_flops_per_s;    /* a fused kernel's rate from the profile's attention table */
-    double log2_seq, log2_head_dim; /* where the eager kernel lies on its table */
+    /* where the eager kernel lies on its table: sequence, head dimension and query heads
+     * per sample on this rank (the model's over the tensor degree) */
+    double log2_seq, log2_head_dim, log2_heads;
     double kind_s[ZP_COMP_N];   /* table: one op of each kind (the optimizer: its launch) */
     double optimizer_elem_bytes; /* the schedule's optimizer bytes per element stepped */
     /* table: a block op's share of its time per module (ZpModuleShares time) */
@@ -127,7 +129,8 @@ double zp_cost_inv_kernel_s(const ZpCost *c, const ZpInvKernel *k);
 double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list,
                         double by_class[ZP_KCLASS_INVENTORY_N], double *host_s);
 
-/* Seconds of one kernel from the op table (launch included); c must use the table. */
+/* Seconds of one kernel from the op table as it runs in a step's stream (its fixed cost
+ * launch_stream_s: zp_optable_stream_saving_s); c must use the table. */
 double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k);
 
 /* How much slower a compute op runs while `overlapping` collectives of its rank are in

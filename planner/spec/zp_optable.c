@@ -51,6 +51,23 @@ double zp_grid_at(const ZpGrid *g, double x, double y)
     return low + fy * (high - low);
 }
 
+double zp_optable_attention_s(const ZpOpTable *t, int backward, double flops, double log2_seq,
+                              double log2_head_dim, double log2_heads)
+{
+    int i;
+    double f;
+    locate(t->attn_log2_heads, t->attn_levels, log2_heads, &i, &f);
+    const int i1 = t->attn_levels > 1 ? i + 1 : i;
+    const double lo = zp_grid_at(&t->eager_attention[i][backward], log2_seq, log2_head_dim);
+    const double hi = zp_grid_at(&t->eager_attention[i1][backward], log2_seq, log2_head_dim);
+    return t->attn_fixed_s[backward] + flops / (lo + f * (hi - lo));
+}
+
+double zp_optable_stream_saving_s(const ZpOpTable *t)
+{
+    return t->launch_s - t->launch_stream_s;
+}
+
 void zp_gemm_coords(double m, double n, double k, double *log2_mnk, double *log2_aspect)
 {
     *log2_mnk = log2(m) + log2(n) + log2(k);
@@ -86,11 +103,10 @@ static gboolean axis(json_t *obj, const char *what, const char *key, int max, do
     return FALSE;
 }
 
-/* A [nx][ny] array of rates in [lo, hi] into g->v. */
-static gboolean values(json_t *obj, const char *what, const char *key, double lo, double hi,
-                       ZpGrid *g, GError **error)
+/* A [nx][ny] array `rows` of rates in [lo, hi] into g->v; `key` names it in messages. */
+static gboolean values_of(json_t *rows, const char *what, const char *key, double lo, double hi,
+                          ZpGrid *g, GError **error)
 {
-    json_t *rows = json_object_get(obj, key);
     gboolean ok = json_is_array(rows) && json_array_size(rows) == (size_t)g->nx;
     for (int i = 0; ok && i < g->nx; i++) {
         json_t *row = json_array_get(rows, (size_t)i);
@@ -107,6 +123,12 @@ static gboolean values(json_t *obj, const char *what, const char *key, double lo
     fail(error, what, key, must);
     g_free(must);
     return FALSE;
+}
+
+static gboolean values(json_t *obj, const char *what, const char *key, double lo, double hi,
+                       ZpGrid *g, GError **error)
+{
+    return values_of(json_object_get(obj, key), what, key, lo, hi, g, error);
 }
 
 /* An object with two axes and one grid of rates per name in `names`. */
@@ -130,6 +152,53 @@ static gboolean grids(json_t *obj, const char *what, const char *xkey, const cha
             return FALSE;
     }
     return TRUE;
+}
+
+/* "eager_attention": the sequence and head-dimension axes, optionally a heads axis (then each
+ * pass is one grid per level) and the passes' fixed times (else the launch). */
+static gboolean attention_table(json_t *obj, const char *what, ZpOpTable *t, GError **error)
+{
+    static const char *const keys[] = {"log2_seq", "log2_head_dim", "log2_heads", "fixed_s",
+                                       "forward", "backward", NULL};
+    static const char *const passes[] = {"forward", "backward"};
+    if (!json_is_object(obj))
+        return fail(error, what, "", "an object");
+    ZpGrid g = {0};
+    if (!zp_json_check_keys(obj, what, keys, error) ||
+        !axis(obj, what, "log2_seq", ZP_GRID_MAX_X, g.x, &g.nx, error) ||
+        !axis(obj, what, "log2_head_dim", ZP_GRID_MAX_Y, g.y, &g.ny, error))
+        return FALSE;
+    const gboolean levels = json_object_get(obj, "log2_heads") != NULL;
+    t->attn_levels = 1, t->attn_log2_heads[0] = 3;
+    if (levels && !axis(obj, what, "log2_heads", ZP_ATTN_MAX_LEVELS, t->attn_log2_heads,
+                        &t->attn_levels, error))
+        return FALSE;
+    for (int p = 0; p < 2; p++) {
+        json_t *v = json_object_get(obj, passes[p]);
+        if (levels && json_array_size(v) != (size_t)t->attn_levels) {
+            char *must = g_strdup_printf("%d grids, one per log2_heads level", t->attn_levels);
+            fail(error, what, passes[p], must);
+            g_free(must);
+            return FALSE;
+        }
+        for (int l = 0; l < t->attn_levels; l++) {
+            t->eager_attention[l][p] = g;
+            if (!values_of(levels ? json_array_get(v, (size_t)l) : v, what, passes[p], 1e3,
+                           1e18, &t->eager_attention[l][p], error))
+                return FALSE;
+        }
+    }
+    json_t *fixed = json_object_get(obj, "fixed_s");
+    t->attn_fixed_s[0] = t->attn_fixed_s[1] = t->launch_s;
+    if (!fixed)
+        return TRUE;
+    gboolean ok = json_array_size(fixed) == 2;
+    for (int p = 0; ok && p < 2; p++) {
+        json_t *v = json_array_get(fixed, (size_t)p);
+        t->attn_fixed_s[p] = json_is_number(v) ? json_number_value(v) : -1;
+        ok = t->attn_fixed_s[p] >= 0 && t->attn_fixed_s[p] <= 1;
+    }
+    return ok || fail(error, what, "fixed_s", "two times in [0, 1] s (forward, backward)");
 }
 
 /* The optional "ops" array of whole-op times. */
@@ -182,10 +251,10 @@ const ZpOpTime *zp_optable_op(const ZpOpTable *t, const char *op, const char *sh
 
 gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error)
 {
-    static const char *const keys[] = {"source", "launch_s", "gemm", "eager_attention",
+    static const char *const keys[] = {"source", "launch_s", "launch_stream_s", "gemm",
+                                       "eager_attention",
                                        "elementwise_bytes_per_s", "optimizer_bytes_per_s",
                                        "contention", "ops", "backend", "copy", NULL};
-    static const char *const passes[] = {"forward", "backward"};
     json_t *obj = json;
     memset(t, 0, sizeof *t);
     t->contention = 1;
@@ -198,6 +267,9 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
          zp_json_get_number(obj, inner, "optimizer_bytes_per_s", TRUE, 1e6, 1e15,
                             &t->optimizer_bytes_per_s, error) &&
          zp_json_get_number(obj, inner, "contention", FALSE, 1, 100, &t->contention, error);
+    t->launch_stream_s = t->launch_s;
+    ok = ok && zp_json_get_number(obj, inner, "launch_stream_s", FALSE, 0, 1, &t->launch_stream_s,
+                                  error);
     const char *backend = "";
     ok = ok && zp_json_get_string(obj, inner, "backend", FALSE, &backend, error);
     if (ok && strlen(backend) >= sizeof t->backend)
@@ -213,8 +285,7 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
     json_t *attn = json_object_get(obj, "eager_attention");
     sub = g_strdup_printf("%s.eager_attention", inner);
     if (ok && attn)
-        ok = t->has_eager_attention = grids(attn, sub, "log2_seq", "log2_head_dim", passes, 2,
-                                            t->eager_attention, error);
+        ok = t->has_eager_attention = attention_table(attn, sub, t, error);
     g_free(sub);
     json_t *ew = json_object_get(obj, "elementwise_bytes_per_s");
     sub = g_strdup_printf("%s.elementwise_bytes_per_s", inner);
@@ -272,10 +343,22 @@ void *zp_optable_to_json(const ZpOpTable *t)
                           grids_json("log2_mnk", "log2_aspect", gemm_forms, ZP_GEMM_N, t->gemm),
                           "elementwise_bytes_per_s", ew, "optimizer_bytes_per_s",
                           t->optimizer_bytes_per_s, "contention", t->contention);
-    if (t->has_eager_attention)
-        json_object_set_new(o, "eager_attention",
-                            grids_json("log2_seq", "log2_head_dim", passes, 2,
-                                       t->eager_attention));
+    if (t->has_eager_attention) {
+        json_t *a = grids_json("log2_seq", "log2_head_dim", passes, 2, t->eager_attention[0]);
+        json_object_set_new(a, "log2_heads", numbers(t->attn_log2_heads, t->attn_levels));
+        json_object_set_new(a, "fixed_s", numbers(t->attn_fixed_s, 2));
+        for (int p = 0; p < 2; p++) {
+            json_t *levels = json_array();
+            for (int l = 0; l < t->attn_levels; l++) {
+                json_t *one = grids_json("x", "y", passes + p, 1, &t->eager_attention[l][p]);
+                json_array_append(levels, json_object_get(one, passes[p]));
+                json_decref(one);
+            }
+            json_object_set_new(a, passes[p], levels);
+        }
+        json_object_set_new(o, "eager_attention", a);
+    }
+    json_object_set_new(o, "launch_stream_s", json_real(t->launch_stream_s));
     if (t->backend[0])
         json_object_set_new(o, "backend", json_string(t->backend));
     if (t->n_ops > 0) {

@@ -8,6 +8,9 @@
 
 #include <glib.h>
 
+/* Heads levels an eager-attention table may hold. */
+#define ZP_ATTN_MAX_LEVELS 4
+
 /* A rate on a 2-D grid, bilinear between grid points and clamped at the edges: exact at the
  * points, and between two neighbours it moves monotonically from one value to the other. */
 #define ZP_GRID_MAX_X 16
@@ -57,12 +60,27 @@ typedef struct {
     char source[256];
     char backend[16];                    /* zreal's backend the runs measured ("cpu", "cuda");
                                           * "" when not recorded */
-    double launch_s;                     /* fixed cost of one kernel launch or dispatch */
+    double launch_s;                     /* fixed cost of one kernel launch or dispatch, a
+                                          * kernel timed alone (its rates are net of it) */
+    double launch_stream_s;              /* a kernel's fixed cost among others in a stream,
+                                          * its launch overlapping the one before; launch_s
+                                          * where not measured */
     ZpGrid gemm[ZP_GEMM_N];              /* FLOP/s over x = log2(m n k), y = log2(aspect) */
+    /* Eager attention as zreal runs it (real_cuda_attention.cu, real_cpu.c): one call a
+     * micro-batch, its samples one after another, each sample's heads at once. A call of b
+     * samples takes attn_fixed_s[pass] + b x (one sample's model FLOPs) / rate, the rate a
+     * sample's (4 s^2 h per forward, 8 backward, h its heads x head dimension) read from the
+     * grid of the heads level at or around the call's heads per sample (linear in log2 heads
+     * between levels, clamped outside): zp_optable_attention_s. */
     gboolean has_eager_attention;
-    ZpGrid eager_attention[2];           /* forward, backward: model FLOP/s (4 b s^2 h per
-                                          * forward, 8 backward) over x = log2 seq,
-                                          * y = log2 head dimension */
+    int attn_levels;                                /* heads levels, 1 to ZP_ATTN_MAX_LEVELS */
+    double attn_log2_heads[ZP_ATTN_MAX_LEVELS];     /* increasing; 3 (8 heads) without a
+                                                     * "log2_heads" axis, the grid's old heads */
+    ZpGrid eager_attention[ZP_ATTN_MAX_LEVELS][2];  /* per level, forward and backward: a
+                                                     * sample's FLOP/s over x = log2 seq,
+                                                     * y = log2 head dimension */
+    double attn_fixed_s[2];                         /* a call's fixed time, forward and
+                                                     * backward; launch_s without "fixed_s" */
     double ew_bytes_per_s[ZP_EW_N];
     double optimizer_bytes_per_s;        /* in the schedule's optimizer bytes */
     double contention;                   /* >= 1: compute slowdown while a collective runs */
@@ -77,7 +95,10 @@ typedef struct {
 } ZpOpTable;
 
 /* Parses the "op_costs" object (a json_t *) into t; `what` names the file in messages. Every
- * key is required but "eager_attention", "contention" (default 1), "ops" (an array of
+ * key is required but "eager_attention" (its "log2_heads" axis and "fixed_s" optional: one
+ * level of 8 heads and the launch without them; with the axis, "forward" and "backward" are
+ * [heads][seq][head_dim] arrays), "launch_stream_s" (default launch_s), "contention"
+ * (default 1), "ops" (an array of
  * {op, shape, ranks, time_s}, none by default) and "copy" ({bytes, time_s}, none by
  * default); every rate and time positive. */
 gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error);
@@ -88,6 +109,16 @@ void *zp_optable_to_json(const ZpOpTable *t);
 
 /* The whole-op time of op `op` at `shape` with `ranks` ranks at once; NULL when none. */
 const ZpOpTime *zp_optable_op(const ZpOpTable *t, const char *op, const char *shape, int ranks);
+
+/* One eager-attention call's time: `flops` the call's model FLOPs (every sample's),
+ * `backward` its pass, at log2 of the sequence, head dimension and heads per sample. */
+double zp_optable_attention_s(const ZpOpTable *t, int backward, double flops, double log2_seq,
+                              double log2_head_dim, double log2_heads);
+
+/* What a kernel saves of its fixed cost in a stream of others, launch_s - launch_stream_s
+ * (negative where kernels back to back wait on the host's issue): a time the table gives for
+ * a kernel timed alone, less this, is its time in a step. */
+double zp_optable_stream_saving_s(const ZpOpTable *t);
 
 /* The grid's value at (x, y): bilinear inside, clamped to the edges outside. */
 double zp_grid_at(const ZpGrid *g, double x, double y);

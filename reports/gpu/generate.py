@@ -245,12 +245,28 @@ def profile_section(d, gpu, out):
                                                          moved / k["time_s"] / 1e9, flops))
 
 
-def grid_at(table, pas, x, y):
-    """The op table's eager-attention rate at a grid point (None off the points)."""
+def attention_price(table, pas, flops, x, y, z):
+    """A call's time as zp_optable_attention_s prices it: the pass's fixed time plus its FLOPs
+    at the rate of its heads level (linear in log2 heads between levels, held beyond them);
+    None off the grid's points."""
     att = table["eager_attention"]
     if x not in att["log2_seq"] or y not in att["log2_head_dim"]:
         return None
-    return att[pas][att["log2_seq"].index(x)][att["log2_head_dim"].index(y)]
+    i, j = att["log2_seq"].index(x), att["log2_head_dim"].index(y)
+    levels = att.get("log2_heads")
+    fixed = att.get("fixed_s", [table["launch_s"]] * 2)[pas == "backward"]
+    if levels is None:
+        return fixed + flops / att[pas][i][j]
+    rates = [att[pas][lv][i][j] for lv in range(len(levels))]
+    if z <= levels[0]:
+        rate = rates[0]
+    elif z >= levels[-1]:
+        rate = rates[-1]
+    else:
+        k = max(n for n in range(len(levels) - 1) if levels[n] <= z)
+        f = (z - levels[k]) / (levels[k + 1] - levels[k])
+        rate = rates[k] + f * (rates[k + 1] - rates[k])
+    return fixed + flops / rate
 
 
 def attention_section(d, gpu, out):
@@ -266,20 +282,26 @@ def attention_section(d, gpu, out):
         if k["kernel"] not in ("attention_fwd", "attention_bwd"):
             continue
         pas = "backward" if k["kernel"] == "attention_bwd" else "forward"
-        rate = grid_at(table, pas, math.log2(k["seq_len"]), math.log2(k["head_dim"]))
-        if rate is None:
+        t = attention_price(table, pas, k["flops"], math.log2(k["seq_len"]),
+                            math.log2(k["head_dim"]), math.log2(k["heads"]))
+        if t is None:
             continue
-        t = table["launch_s"] + k["flops"] / rate
         rows.append("| %s | %d x %d heads | %d / %d | %.3f ms | %.3f ms | %s |" % (
             pas, k["batch"], k["heads"], k["seq_len"], k["head_dim"], 1e3 * k["time_s"],
             1e3 * t, pct(err(t, k["time_s"]))))
     if not rows:
         return
     out.append("")
-    out.append("Eager attention: the op table's rate at each (sequence, head dimension) is timed "
-               "at batch 1 of 8 heads (real_opbench.c, `bench_attention_grid`), and zp_cost "
-               "prices any batch and head count at that rate. The model-shaped kernels the same "
-               "run timed (`kernels`) against that price, error = (table - measured) / measured:")
+    att = table["eager_attention"]
+    levels = " and ".join("%d" % 2 ** z for z in att.get("log2_heads", [3]))
+    fixed = att.get("fixed_s", [table["launch_s"]] * 2)
+    out.append("Eager attention: the op table prices a call as its pass's fixed time (forward "
+               "%.1f us, backward %.1f us) plus its samples one after another, each at the "
+               "rate its (sequence, head dimension) point was timed at, at batch 1 of %s heads "
+               "(real_opbench.c, `bench_attention_grid`; zp_optable_attention_s). The "
+               "model-shaped kernels the same run timed (`kernels`) against that price, "
+               "error = (table - measured) / measured:"
+               % (1e6 * fixed[0], 1e6 * fixed[1], levels))
     out.append("")
     out.append("| pass | batch x heads | seq / head dim | measured | op table | error |")
     out.append("|---|---|---|---|---|---|")
