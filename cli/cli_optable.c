@@ -30,6 +30,7 @@ typedef struct {
     GArray *launch_stream;    /* double: the runs that timed launch_stream_s */
     GArray *gemm, *attn, *ew; /* Sample */
     GArray *attn_kernels;     /* Sample: the model-shaped attention kernels ("kernels") */
+    GArray *shapes;           /* ZpGemmShape: the model-shaped GEMMs ("gemm"), each key's least */
     GArray *adam;             /* Sample: bytes (the schedule's), time */
     GArray *contention;       /* double: with / without */
     GPtrArray *ops;           /* json_t rows of "ops", borrowed from `roots` */
@@ -51,6 +52,11 @@ static int name_index(const char *name, const char *(*name_of)(int), int n)
 static const char *form_name(int i) { return zp_gemm_form_name((ZpGemmForm)i); }
 static const char *class_name(int i) { return zp_ew_class_name((ZpEwClass)i); }
 static const char *pass_name(int i) { return i ? "backward" : "forward"; }
+static const char *variant_name(int i)
+{
+    static const char *const names[ZP_GEMM_VARIANTS] = {"block", "head", "head_odd"};
+    return names[i];
+}
 
 static gboolean bad(GError **error, const char *path, const char *what)
 {
@@ -89,18 +95,103 @@ static gboolean attention_coords(json_t *row, const char *path, double heads, Sa
     return TRUE;
 }
 
+/* A device run's row kernels at a model's widths (real_microbench: rows of GPT-2's 768
+ * columns, the loss over its 50,257-word vocabulary) as the samples of their elementwise
+ * class, in the class's bytes (zp_ew_class_bytes_per_elem). A row kernel's rate moves with its
+ * row width: the class sweeps (real_opbench) ran rows of 256 columns until 2026-11-30, on
+ * which an H200 ran layer norm 1.85 times, its backward 1.52, the bias gradient 1.7 and the
+ * loss 3.2 times slower than at these widths. Marked as a model's own (rate_fit fits them
+ * alone where present). */
+static const struct {
+    const char *section, *kernel;
+    ZpEwClass cls;
+} row_kernels[] = {
+    {"memory", "layernorm", ZP_EW_NORM_FWD},
+    {"kernels", "layernorm_bwd", ZP_EW_NORM_BWD},
+    {"kernels", "bias_bwd", ZP_EW_BIAS_BWD},
+    {"kernels", "softmax_xent", ZP_EW_LOSS},
+};
+
+static gboolean read_row_kernels(json_t *root, const char *path, Runs *r, GError **error)
+{
+    if (json_array_size(json_object_get(root, "kernels")) == 0) /* a host run: its sweep */
+        return TRUE;
+    for (size_t k = 0; k < G_N_ELEMENTS(row_kernels); k++) {
+        json_t *row;
+        size_t i;
+        json_array_foreach(json_object_get(root, row_kernels[k].section), i, row)
+        {
+            const char *name = json_string_value(json_object_get(row, "kernel"));
+            Sample s = {.run = r->roots->len - 1, .which = row_kernels[k].cls, .model = TRUE};
+            double elems;
+            if (!name || strcmp(name, row_kernels[k].kernel) != 0)
+                continue;
+            if (!zp_json_get_number(row, path, "elems", TRUE, 1, 1e15, &elems, error) ||
+                !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &s.time_s, error))
+                return FALSE;
+            s.work = elems * zp_ew_class_bytes_per_elem(row_kernels[k].cls, FALSE);
+            g_array_append_val(r->ew, s);
+        }
+    }
+    return TRUE;
+}
+
+/* The model-shaped GEMMs ("gemm": shape, form, m, n, k, time_s), each form, kind and shape's
+ * least over the runs (ZpGemmShape; the LM head's are "lm_head"). */
+static gboolean read_gemm_shapes(json_t *root, const char *path, Runs *r, GError **error)
+{
+    json_t *row;
+    size_t i;
+    json_array_foreach(json_object_get(root, "gemm"), i, row)
+    {
+        const char *shape = json_string_value(json_object_get(row, "shape"));
+        const char *form = json_string_value(json_object_get(row, "form"));
+        ZpGemmShape g = {.form = name_index(form, form_name, ZP_GEMM_N),
+                         .head = shape && strcmp(shape, "lm_head") == 0};
+        if (!shape || strcmp(shape, "square") == 0 || g.form < 0) /* the peak fit's squares */
+            continue;
+        if (!zp_json_get_number(row, path, "m", TRUE, 1, 1e9, &g.m, error) ||
+            !zp_json_get_number(row, path, "n", TRUE, 1, 1e9, &g.n, error) ||
+            !zp_json_get_number(row, path, "k", TRUE, 1, 1e9, &g.k, error) ||
+            !zp_json_get_number(row, path, "time_s", TRUE, 1e-12, 1e6, &g.time_s, error))
+            return FALSE;
+        guint at = 0;
+        for (; at < r->shapes->len; at++) {
+            ZpGemmShape *o = &g_array_index(r->shapes, ZpGemmShape, at);
+            if (o->form == g.form && o->head == g.head && o->m == g.m && o->n == g.n &&
+                o->k == g.k) {
+                o->time_s = fmin(o->time_s, g.time_s);
+                break;
+            }
+        }
+        if (at == r->shapes->len) {
+            if (r->shapes->len == ZP_OPTABLE_MAX_GEMM_SHAPES)
+                return bad(error, path, "more model-shaped GEMMs than an op table holds");
+            g_array_append_val(r->shapes, g);
+        }
+    }
+    return TRUE;
+}
+
 static gboolean read_grid(json_t *root, const char *path, Runs *r, GError **error)
 {
+    if (!read_row_kernels(root, path, r, error) || !read_gemm_shapes(root, path, r, error))
+        return FALSE;
     const guint run = r->roots->len - 1;
     json_t *row;
     size_t i;
     json_array_foreach(json_object_get(root, "gemm_grid"), i, row)
     {
         Sample s = {.run = run};
+        const char *variant = "block";
         if (!sample(row, path, "form", "flops", form_name, ZP_GEMM_N, &s, error) ||
             !zp_json_get_number(row, path, "log2_mnk", TRUE, -1e3, 1e3, &s.x, error) ||
-            !zp_json_get_number(row, path, "log2_aspect", TRUE, -1e3, 1e3, &s.y, error))
+            !zp_json_get_number(row, path, "log2_aspect", TRUE, -1e3, 1e3, &s.y, error) ||
+            !zp_json_get_string(row, path, "variant", FALSE, &variant, error))
             return FALSE;
+        s.z = name_index(variant, variant_name, ZP_GEMM_VARIANTS);
+        if (s.z < 0)
+            return bad(error, path, "a gemm_grid row's variant is not block, head or head_odd");
         g_array_append_val(r->gemm, s);
     }
     json_array_foreach(json_object_get(root, "attention_grid"), i, row)
@@ -455,11 +546,12 @@ static double predict(const ZpOpTable *t, json_t *row)
     if (strcmp(type, "gemm") == 0) {
         const int form = name_index(json_string_value(json_object_get(row, "form")), form_name,
                                     ZP_GEMM_N);
-        double x, y;
-        zp_gemm_coords(json_number_value(json_object_get(row, "m")),
-                       json_number_value(json_object_get(row, "n")),
-                       json_number_value(json_object_get(row, "k")), &x, &y);
-        return form < 0 ? -1 : t->launch_s + flops / zp_grid_at(&t->gemm[form], x, y);
+        const double m = json_number_value(json_object_get(row, "m"));
+        const double n = json_number_value(json_object_get(row, "n"));
+        const double k = json_number_value(json_object_get(row, "k"));
+        const gboolean head = json_is_true(json_object_get(row, "head"));
+        return form < 0 ? -1
+                        : t->launch_s + flops / zp_optable_gemm_rate(t, form, head, m, n, k);
     }
     if (strcmp(type, "attention") == 0) {
         if (json_is_true(json_object_get(row, "fused")))
@@ -620,6 +712,9 @@ static gboolean attention_table(Runs *r, ZpOpTable *t, json_t *checks, GError **
 
 static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
 {
+    t->n_gemm_shapes = (int)r->shapes->len;
+    if (r->shapes->len)
+        memcpy(t->gemm_shapes, r->shapes->data, r->shapes->len * sizeof(ZpGemmShape));
     t->launch_s = least(r->launch);
     t->launch_stream_s = r->launch_stream->len ? least(r->launch_stream) : t->launch_s;
     keep_fastest_run(r->gemm);
@@ -629,9 +724,18 @@ static gboolean fit(Runs *r, ZpOpTable *t, json_t *checks, GError **error)
     gboolean ok = TRUE;
     for (int f = 0; ok && f < ZP_GEMM_N; f++) {
         char *what = g_strdup_printf("gemm_grid (%s)", form_name(f));
-        ok = grid(r->gemm, f, t->launch_s, 0, TRUE, what, &t->gemm[f], error);
+        ok = grid(r->gemm, f, t->launch_s, ZP_GEMM_BLOCK, TRUE, what, &t->gemm[f], error);
         g_free(what);
     }
+    /* The LM head's surfaces, where the runs timed them (zreal since 2026-11-30). */
+    for (guint i = 0; i < r->gemm->len; i++)
+        t->has_gemm_head |= g_array_index(r->gemm, Sample, i).z != ZP_GEMM_BLOCK;
+    for (int v = ZP_GEMM_HEAD; ok && t->has_gemm_head && v < ZP_GEMM_VARIANTS; v++)
+        for (int f = 0; ok && f < ZP_GEMM_N; f++) {
+            char *what = g_strdup_printf("gemm_grid (%s, %s)", form_name(f), variant_name(v));
+            ok = grid(r->gemm, f, t->launch_s, v, TRUE, what, &t->gemm_head[v - 1][f], error);
+            g_free(what);
+        }
     keep_fastest_run(r->attn_kernels);
     t->has_eager_attention = r->attn->len > 0;
     ok = ok && (!t->has_eager_attention || attention_table(r, t, checks, error));
@@ -723,6 +827,7 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
               .attn = g_array_new(FALSE, FALSE, sizeof(Sample)),
               .ew = g_array_new(FALSE, FALSE, sizeof(Sample)),
               .attn_kernels = g_array_new(FALSE, FALSE, sizeof(Sample)),
+              .shapes = g_array_new(FALSE, FALSE, sizeof(ZpGemmShape)),
               .adam = g_array_new(FALSE, FALSE, sizeof(Sample)),
               .contention = g_array_new(FALSE, FALSE, sizeof(double)),
               .ops = g_ptr_array_new(),
@@ -785,7 +890,7 @@ gboolean cli_optable_fit(char **paths, int n_paths, int world, void **op_costs,
     }
     g_array_unref(r.launch), g_array_unref(r.launch_stream);
     g_array_unref(r.gemm), g_array_unref(r.attn);
-    g_array_unref(r.attn_kernels);
+    g_array_unref(r.attn_kernels), g_array_unref(r.shapes);
     g_array_unref(r.ew), g_array_unref(r.adam), g_array_unref(r.contention);
     g_ptr_array_unref(r.ops), g_ptr_array_unref(r.roots), g_ptr_array_unref(r.runs);
     g_array_unref(r.whole), g_ptr_array_unref(r.whole_times);

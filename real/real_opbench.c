@@ -24,6 +24,7 @@ typedef struct {
     int *tokens;        /* host: tokens and targets, cap of them */
     /* the kernel being timed */
     int form, cls;
+    int variant;        /* GEMM: ZpGemmVariant */
     int m, n, k;        /* GEMM */
     int rows, cols;     /* row kernels; elems = rows x cols */
     size_t elems;
@@ -118,33 +119,54 @@ static gboolean timed(Bench *x, RealTimedFn fn, double *t, GError **error)
 
 /* ---- GEMMs: the three forms as real_gpt.c issues them ---- */
 
-static const struct {
+typedef struct {
     bool ta, tb;
     RealDType a, b;
     float beta;
-} gemm_forms[ZP_GEMM_N] = {
-    [ZP_GEMM_FORWARD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-    [ZP_GEMM_INPUT_GRAD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-    [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_BF16, REAL_DTYPE_F32, 1.0f},
+} GemmForm;
+
+/* A block linear's (real_gpt_block.c) and the LM head's (real_gpt_ends.c
+ * real_gpt_head_compute: logits = y wte^T, dwte = dlogits^T y from two fp32 operands,
+ * dy = dlogits wte), by ZpGemmVariant. */
+static const GemmForm gemm_forms[ZP_GEMM_VARIANTS][ZP_GEMM_N] = {
+    [ZP_GEMM_BLOCK] =
+        {
+            [ZP_GEMM_FORWARD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+            [ZP_GEMM_INPUT_GRAD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+            [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_BF16, REAL_DTYPE_F32, 1.0f},
+        },
+    [ZP_GEMM_HEAD] =
+        {
+            [ZP_GEMM_FORWARD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+            [ZP_GEMM_INPUT_GRAD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+            [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_F32, REAL_DTYPE_F32, 0.0f},
+        },
+    [ZP_GEMM_HEAD_ODD] =
+        {
+            [ZP_GEMM_FORWARD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+            [ZP_GEMM_INPUT_GRAD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+            [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_F32, REAL_DTYPE_F32, 0.0f},
+        },
 };
 
 static gboolean run_gemm(void *p, GError **error)
 {
     Bench *x = p;
-    const RealDType a = gemm_forms[x->form].a, b = gemm_forms[x->form].b;
-    const void *pa = a == REAL_DTYPE_BF16 ? (const void *)x->h[0] : (const void *)x->f[0];
-    const void *pb = b == REAL_DTYPE_BF16 ? (const void *)x->h[1] : (const void *)x->f[1];
-    if (x->be->gemm(x->be, gemm_forms[x->form].ta, gemm_forms[x->form].tb, x->m, x->n, x->k,
-                    1.0f, a, pa, b, pb, gemm_forms[x->form].beta, x->f[2]))
+    const GemmForm *f = &gemm_forms[x->variant][x->form];
+    const void *pa = f->a == REAL_DTYPE_BF16 ? (const void *)x->h[0] : (const void *)x->f[0];
+    const void *pb = f->b == REAL_DTYPE_BF16 ? (const void *)x->h[1] : (const void *)x->f[1];
+    if (x->be->gemm(x->be, f->ta, f->tb, x->m, x->n, x->k, 1.0f, f->a, pa, f->b, pb, f->beta,
+                    x->f[2]))
         return TRUE;
     g_set_error(error, ZP_ERROR, ZP_ERROR_IO, "gemm %dx%dx%d: workspace allocation failed",
                 x->m, x->n, x->k);
     return FALSE;
 }
 
-static gboolean time_gemm(Bench *x, int form, int m, int n, int k, double *t, GError **error)
+static gboolean time_gemm(Bench *x, int variant, int form, int m, int n, int k, double *t,
+                          GError **error)
 {
-    x->form = form, x->m = m, x->n = n, x->k = k;
+    x->variant = variant, x->form = form, x->m = m, x->n = n, x->k = k;
     const size_t need = MAX((size_t)m * k, MAX((size_t)k * n, (size_t)m * n));
     return buffers(x, need, error) && timed(x, run_gemm, t, error);
 }
@@ -153,28 +175,43 @@ static gboolean time_gemm(Bench *x, int form, int m, int n, int k, double *t, GE
  * aspect 0 to aspect_hi in steps of 2, so that every dimension is a power of two: the shortest
  * 2^((V - 1.5A)/3), the middle one 2^(A/2) longer, the longest 2^A longer. The longest is the
  * token dimension (m of a forward or input gradient, k of a weight gradient), as in a
- * transformer. */
+ * transformer. The LM head's variants (ZP_GEMM_HEAD, ZP_GEMM_HEAD_ODD) take its layouts and
+ * dtypes and put the vocabulary longest, the tokens in the middle and the width shortest
+ * (logits [T, V] = y [T, h] wte^T; dwte [V, h]; dy [T, h] over V), the odd one's vocabulary
+ * one longer: a vocabulary no multiple of 8 (GPT-2's 50,257) leaves cuBLAS its slower kernels,
+ * which an H200 ran 1.4 to 3.3 times as long as the block grid priced. */
 static gboolean bench_gemm_grid(Bench *x, int lo, int hi, int aspect_hi, json_t *out,
                                 GError **error)
 {
-    for (int form = 0; form < ZP_GEMM_N; form++)
-        for (int v = lo; v <= hi; v += 3)
-            for (int a = 0; a <= aspect_hi; a += 2) {
-                const int e = (v - 3 * a / 2) / 3;
-                if (e < 0)
-                    continue;
-                const int shortest = 1 << e, middle = shortest << (a / 2), longest = shortest << a;
-                const gboolean wgrad = form == ZP_GEMM_WEIGHT_GRAD;
-                const int m = wgrad ? middle : longest, n = wgrad ? shortest : middle;
-                const int k = wgrad ? longest : shortest;
-                double t;
-                if (!time_gemm(x, form, m, n, k, &t, error))
-                    return FALSE;
-                json_array_append_new(
-                    out, json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "form",
-                                   zp_gemm_form_name(form), "m", m, "n", n, "k", k, "log2_mnk",
-                                   v, "log2_aspect", a, "flops", 2.0 * m * n * k, "time_s", t));
-            }
+    static const char *const variants[] = {"block", "head", "head_odd"};
+    for (int var = 0; var < ZP_GEMM_VARIANTS; var++)
+        for (int form = 0; form < ZP_GEMM_N; form++)
+            for (int v = lo; v <= hi; v += 3)
+                for (int a = 0; a <= aspect_hi; a += 2) {
+                    const int e = (v - 3 * a / 2) / 3;
+                    if (e < 0)
+                        continue;
+                    const int shortest = 1 << e, middle = shortest << (a / 2);
+                    const int longest = (shortest << a) + (var == ZP_GEMM_HEAD_ODD);
+                    const gboolean wgrad = form == ZP_GEMM_WEIGHT_GRAD;
+                    int m = wgrad ? middle : longest, n = wgrad ? shortest : middle;
+                    int k = wgrad ? longest : shortest;
+                    if (var != ZP_GEMM_BLOCK) {
+                        m = form == ZP_GEMM_WEIGHT_GRAD ? longest : middle;
+                        n = form == ZP_GEMM_FORWARD ? longest : shortest;
+                        k = form == ZP_GEMM_FORWARD       ? shortest
+                            : form == ZP_GEMM_WEIGHT_GRAD ? middle
+                                                          : longest;
+                    }
+                    double t;
+                    if (!time_gemm(x, var, form, m, n, k, &t, error))
+                        return FALSE;
+                    json_array_append_new(
+                        out, json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "form",
+                                       zp_gemm_form_name(form), "variant", variants[var], "m",
+                                       m, "n", n, "k", k, "log2_mnk", v, "log2_aspect", a,
+                                       "flops", 2.0 * m * n * k, "time_s", t));
+                }
     return TRUE;
 }
 
@@ -344,17 +381,7 @@ static gboolean run_ew(void *p, GError **error)
  * rotary kernel's elements are the rotated q and k values, the activation's its outputs. */
 static double ew_bytes_per_elem(const Bench *x, ZpEwClass c)
 {
-    static const double per[ZP_EW_N] = {[ZP_EW_NORM_FWD] = 8, [ZP_EW_NORM_BWD] = 16,
-                                        [ZP_EW_ACT_FWD] = 8,  [ZP_EW_ACT_BWD] = 12,
-                                        [ZP_EW_ADD] = 12,     [ZP_EW_BIAS_FWD] = 8,
-                                        [ZP_EW_BIAS_BWD] = 4, [ZP_EW_ROPE] = 8,
-                                        [ZP_EW_CONVERT] = 8,  [ZP_EW_LOSS] = 20,
-                                        [ZP_EW_EMBED] = 8};
-    if (x->swiglu && c == ZP_EW_ACT_FWD)
-        return 12;
-    if (x->swiglu && c == ZP_EW_ACT_BWD)
-        return 20;
-    return per[c];
+    return zp_ew_class_bytes_per_elem(c, x->swiglu);
 }
 
 /* Times class cls over `elems` elements in rows of `cols` (for the rotary kernel, rows of
@@ -381,8 +408,8 @@ static gboolean time_ew(Bench *x, ZpEwClass cls, size_t elems, int cols, double 
     return timed(x, run_ew, t, error);
 }
 
-/* Every class at sizes 2^lo..2^hi elements, rows of `cols`. */
-static gboolean bench_ew_classes(Bench *x, int lo, int hi, int cols, json_t *out,
+/* Every class at sizes 2^lo..2^hi elements, rows of `cols` (the loss's of `vocab`). */
+static gboolean bench_ew_classes(Bench *x, int lo, int hi, int cols, int vocab, json_t *out,
                                  GError **error)
 {
     for (int c = 0; c < ZP_EW_N; c++)
@@ -392,7 +419,8 @@ static gboolean bench_ew_classes(Bench *x, int lo, int hi, int cols, json_t *out
                 continue;
             double bytes, t;
             /* The loss and the embedding need a vocabulary: rows of cols over cols tokens. */
-            if (!time_ew(x, (ZpEwClass)c, (size_t)1 << e, cols, &bytes, &t, error))
+            if (!time_ew(x, (ZpEwClass)c, (size_t)1 << e, c == ZP_EW_LOSS ? vocab : cols,
+                         &bytes, &t, error))
                 return FALSE;
             json_array_append_new(out, json_pack("{s:s, s:I, s:f, s:f}", "class",
                                                  zp_ew_class_name(c), "elems",
@@ -432,7 +460,7 @@ static gboolean bench_contention(Bench *x, json_t *root, GError **error)
     const size_t coll_elems = (size_t)1 << 21;
     double t_alone;
     if (x->comm->size < 2 || x->be->mark ||
-        !time_gemm(x, ZP_GEMM_FORWARD, size, size, size, &t_alone, error))
+        !time_gemm(x, ZP_GEMM_BLOCK, ZP_GEMM_FORWARD, size, size, size, &t_alone, error))
         return x->comm->size < 2 || x->be->mark;
     RealBf16 *buf = x->be->alloc(x->be, coll_elems * sizeof(RealBf16), REAL_MEM_BUCKETS);
     if (!buf) {
@@ -494,7 +522,8 @@ static RealActivation mlp_activation(const ZpModel *model)
 static gboolean time_kernel(Bench *x, const ZpKernel *k, double *t, GError **error)
 {
     if (k->kind == ZP_KERNEL_GEMM)
-        return time_gemm(x, k->sub, (int)k->m, (int)k->n, (int)k->k, t, error);
+        return time_gemm(x, zp_gemm_variant(k->head, k->m, k->n, k->k), k->sub, (int)k->m,
+                         (int)k->n, (int)k->k, t, error);
     if (k->kind == ZP_KERNEL_ATTENTION) {
         x->backward = k->sub;
         return time_attention(x, t, error);
@@ -539,6 +568,7 @@ static gboolean bench_ops(Bench *x, const ZpModel *model, const ZpPlan *plan, js
                 json_object_set_new(row, "m", json_real(k->m));
                 json_object_set_new(row, "n", json_real(k->n));
                 json_object_set_new(row, "k", json_real(k->k));
+                json_object_set_new(row, "head", json_boolean(k->head));
             } else if (k->kind == ZP_KERNEL_ATTENTION) {
                 json_object_set_new(row, "seq_len", json_integer(x->seq));
                 json_object_set_new(row, "head_dim", json_integer(x->head_dim));
@@ -605,13 +635,17 @@ gboolean real_opbench_run(RealBackend *be, RealComm *comm, const ZpModel *model,
                                   error) &&
                   bench_attention_grid(&x, device ? 8 : 5, device ? 12 : 10, attention_heads,
                                        device ? 2 : 1, device, attn, error);
-    /* Elementwise classes over GPT-2-like rows (a model's own norm and activation when
-     * given), 2^12 to 2^20 elements on a CPU, 2^16 to 2^26 on a device. */
+    /* Elementwise classes (a model's own norm and activation when given), 2^12 to 2^20
+     * elements on a CPU, 2^16 to 2^26 on a device. A row kernel's rate moves with its width:
+     * a device runs rows of 1,024 and the loss over 32,768 words (on an H200, rows of 256 ran
+     * layer norm 1.85 times and the loss 3.2 times slower than GPT-2's 768 and 50,257); a
+     * CPU keeps rows of 256, its runs' model kernels standing for the model's widths. */
     x.heads = x.kv_heads = 4, x.head_dim = 64;
     x.rms = model && model->norm == ZP_NORM_RMSNORM;
     x.swiglu = model && zp_model_gated(model);
     x.act = model ? mlp_activation(model) : REAL_ACT_GELU_TANH;
-    ok = ok && bench_ew_classes(&x, device ? 16 : 12, device ? 26 : 20, 256, ew, error) &&
+    ok = ok && bench_ew_classes(&x, device ? 16 : 12, device ? 26 : 20, device ? 1024 : 256,
+                                device ? 32768 : 256, ew, error) &&
          bench_contention(&x, root, error);
     ok = ok && (!model || bench_ops(&x, model, plan, ops, error));
     /* The op sequence takes a step's own buffers: the kernels' go back first (its 3.5 GB

@@ -123,6 +123,78 @@ static void test_attention_heads_levels(void)
     g_free(path), g_free(dir), g_free(src);
 }
 
+/* A GEMM timed at its exact shape: zp_cost takes that time (less what a stream saves of its
+ * launch) for the LM head's GEMM of that form and shape, and the surface for a block linear's
+ * of the same dimensions; the shapes are written and read back, and a form not known fails. */
+static void test_gemm_shapes(void)
+{
+    ZpOpTable t = synthetic_table();
+    t.launch_stream_s = 0.5e-6;
+    t.n_gemm_shapes = 1;
+    t.gemm_shapes[0] = (ZpGemmShape){.form = ZP_GEMM_FORWARD, .head = TRUE, .m = 32, .n = 64,
+                                     .k = 64, .time_s = 4e-3};
+    t.has_gemm_head = TRUE; /* the head's surfaces: a half and a third of the block's rates */
+    for (int v = 0; v < 2; v++)
+        for (int f = 0; f < ZP_GEMM_N; f++) {
+            t.gemm_head[v][f] = t.gemm[f];
+            for (int i = 0; i < t.gemm[f].nx; i++)
+                for (int j = 0; j < t.gemm[f].ny; j++)
+                    t.gemm_head[v][f].v[i][j] /= 2 + v;
+        }
+    ZpHw hw;
+    ZpModel m;
+    ZpPlan p;
+    tiny_setup(&hw, &m, &p, 0, 1, 1, TRUE);
+    hw.op_costs = t;
+    ZpCost c;
+    g_assert_true(zp_cost_init(&c, &hw, &m, &p, NULL));
+    ZpKernel k = {.kind = ZP_KERNEL_GEMM, .sub = ZP_GEMM_FORWARD, .m = 32, .n = 64, .k = 64,
+                  .flops = 2.0 * 32 * 64 * 64, .head = TRUE};
+    g_assert_cmpfloat(fabs(zp_cost_kernel_s(&c, &k) - (4e-3 - 0.5e-6)), <, 1e-18);
+    k.head = FALSE;
+    double x, y;
+    zp_gemm_coords(32, 64, 64, &x, &y);
+    g_assert_cmpfloat(fabs(zp_cost_kernel_s(&c, &k) -
+                           (0.5e-6 + k.flops / zp_grid_at(&t.gemm[ZP_GEMM_FORWARD], x, y))),
+                      <, 1e-18);
+    /* A head's GEMM timed at no exact shape: its own surface, the odd one for a dimension no
+     * multiple of 8. */
+    k.head = TRUE, k.n = 65, k.flops = 2.0 * 32 * 65 * 64;
+    zp_gemm_coords(32, 65, 64, &x, &y);
+    g_assert_cmpfloat(fabs(zp_cost_kernel_s(&c, &k) -
+                           (0.5e-6 + k.flops / zp_grid_at(&t.gemm_head[1][ZP_GEMM_FORWARD], x, y))),
+                      <, 1e-18);
+    /* tiny's head marks its three GEMMs, the forward the shape above (32 tokens, 64 x 64). */
+    ZpKernels ks;
+    zp_cost_kernels(&m, &p, ZP_COMP_HEAD, &ks);
+    int heads = 0;
+    for (int i = 0; i < ks.n; i++)
+        heads += ks.k[i].kind == ZP_KERNEL_GEMM && ks.k[i].head;
+    g_assert_cmpint(heads, ==, 3);
+    GError *error = NULL;
+    char *src = g_build_filename(zp_data_dir(), "hwprofiles", "dgx-h100.json", NULL);
+    json_t *root = zp_json_load_object(src, &error);
+    g_assert_no_error(error);
+    json_t *table = zp_optable_to_json(&t);
+    json_object_set(root, "op_costs", table);
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *path = g_build_filename(dir, "profile.json", NULL);
+    g_assert_true(zp_json_write(root, path, &error));
+    load_hw(path, &hw);
+    g_assert_true(memcmp(&hw.op_costs, &t, sizeof t) == 0);
+    json_object_set_new(json_array_get(json_object_get(table, "gemm_shapes"), 0), "form",
+                        json_string("sideways"));
+    g_assert_true(zp_json_write(root, path, &error));
+    g_assert_false(zp_hw_load(path, &hw, &error));
+    g_assert_nonnull(strstr(error->message, "gemm_shapes: key \"form\" must be forward"));
+    g_clear_error(&error);
+    g_unlink(path);
+    g_rmdir(dir);
+    json_decref(table);
+    json_decref(root);
+    g_free(path), g_free(dir), g_free(src);
+}
+
 /* The surface is exact at every grid point; between two neighbours along either axis it stays
  * between their values and moves one way. */
 static void test_interpolation(void)
@@ -625,6 +697,7 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/round-trip", test_round_trip);
     g_test_add_func("/cost/interpolation", test_interpolation);
     g_test_add_func("/cost/attention-heads-levels", test_attention_heads_levels);
+    g_test_add_func("/cost/gemm-shapes", test_gemm_shapes);
     g_test_add_func("/cost/fallback-reported", test_fallback_reported);
     g_test_add_func("/cost/hand-computed", test_hand_computed);
     g_test_add_func("/cost/contention", test_contention);

@@ -322,6 +322,140 @@ static void test_calibrated_attention(void)
     g_free(args), g_free(run), g_free(prof), g_free(dir);
 }
 
+/* A device run's model-shaped kernels: its row kernels at a model's widths are their classes'
+ * samples, not the sweep's narrow rows (a layer norm here 2 times and the loss 3 times faster
+ * than the sweep: the table takes their rates), and its model-shaped GEMMs are kept at their
+ * exact shapes, the LM head's apart from a block linear's of the same dimensions, for zp_cost
+ * to take before the GEMM surface. A host run (no "kernels") keeps its sweep. */
+static void test_calibrated_model_shaped(void)
+{
+    GError *error = NULL;
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *run = g_build_filename(dir, "run.json", NULL);
+    char *prof = g_build_filename(dir, "prof.json", NULL);
+    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    json_t *root = synthetic_run(1);
+    const double launch = 1e-6, norm_rate = 2 * 1e9, loss_rate = 3 * 10e9;
+    json_t *kernels = json_array(), *memory = json_object_get(root, "memory");
+    for (int i = 1; i <= 3; i++) {
+        const double elems = 1e6 * i;
+        json_array_append_new(memory, json_pack("{s:s, s:f, s:f, s:f}", "kernel", "layernorm",
+                                                "elems", elems, "bytes", 4 * elems, "time_s",
+                                                launch + 8 * elems / norm_rate));
+        json_array_append_new(kernels, json_pack("{s:s, s:f, s:f, s:f}", "kernel",
+                                                 "softmax_xent", "elems", elems, "bytes",
+                                                 20 * elems, "time_s",
+                                                 launch + 20 * elems / loss_rate));
+    }
+    json_object_set_new(root, "kernels", kernels);
+    json_t *gemm = json_object_get(root, "gemm");
+    json_array_append_new(gemm, json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f}", "shape",
+                                          "lm_head", "form", "forward", "m", 64, "n", 257,
+                                          "k", 32, "flops", 2.0 * 64 * 257 * 32, "time_s",
+                                          7e-5));
+    json_array_append_new(gemm, json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f}", "shape", "fc1",
+                                          "form", "weight_grad", "m", 32, "n", 128, "k", 64,
+                                          "flops", 2.0 * 32 * 128 * 64, "time_s", 3e-5));
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    TuRun r = tu_zplan(args);
+    g_test_message("%s%s", r.out, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    ZpHw hw;
+    load_hw(prof, &hw);
+    const ZpOpTable *t = &hw.op_costs;
+    g_assert_true(close_to(t->ew_bytes_per_s[ZP_EW_NORM_FWD], norm_rate));
+    g_assert_true(close_to(t->ew_bytes_per_s[ZP_EW_LOSS], loss_rate));
+    g_assert_true(close_to(t->ew_bytes_per_s[ZP_EW_ADD], 5e9)); /* the sweep's */
+    g_assert_cmpint(t->n_gemm_shapes, ==, 2);
+    const ZpGemmShape *head = zp_optable_gemm_shape(t, ZP_GEMM_FORWARD, TRUE, 64, 257, 32);
+    g_assert_nonnull(head);
+    g_assert_cmpfloat(head->time_s, ==, 7e-5);
+    g_assert_null(zp_optable_gemm_shape(t, ZP_GEMM_FORWARD, FALSE, 64, 257, 32));
+    g_assert_nonnull(zp_optable_gemm_shape(t, ZP_GEMM_WEIGHT_GRAD, FALSE, 32, 128, 64));
+    /* Without "kernels" (a host run) the layer norm rows are the roofline's alone. */
+    root = synthetic_run(1);
+    json_t *mem = json_object_get(root, "memory");
+    json_array_append_new(mem, json_pack("{s:s, s:f, s:f, s:f}", "kernel", "layernorm", "elems",
+                                         1e6, "bytes", 4e6, "time_s", launch + 8e6 / norm_rate));
+    json_object_set_new(root, "kernels", json_array());
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    load_hw(prof, &hw);
+    g_assert_true(close_to(hw.op_costs.ew_bytes_per_s[ZP_EW_NORM_FWD], 1e9));
+    g_unlink(run);
+    g_unlink(prof);
+    g_rmdir(dir);
+    g_free(args), g_free(run), g_free(prof), g_free(dir);
+}
+
+/* The LM head's GEMM surfaces: a run that times the head's variants (aligned and with an odd
+ * vocabulary) gives the table both, and a head's GEMM is priced on its own variant's, a block
+ * linear's on the block surface; a run without them leaves the head on the block surface. */
+static void test_calibrated_head_gemms(void)
+{
+    GError *error = NULL;
+    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
+    char *run = g_build_filename(dir, "run.json", NULL);
+    char *prof = g_build_filename(dir, "prof.json", NULL);
+    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    const double launch = 1e-6;
+    json_t *root = synthetic_run(1), *grid = json_object_get(root, "gemm_grid");
+    static const char *const variants[] = {"head", "head_odd"};
+    for (int v = 0; v < 2; v++)
+        for (int form = 0; form < ZP_GEMM_N; form++)
+            for (int x = 12; x <= 18; x += 3)
+                for (int y = 0; y <= 2; y += 2) {
+                    const double flops = pow(2, x + 1);
+                    json_array_append_new(
+                        grid, json_pack("{s:s, s:s, s:i, s:i, s:f, s:f}", "form",
+                                        zp_gemm_form_name(form), "variant", variants[v],
+                                        "log2_mnk", x, "log2_aspect", y, "flops", flops,
+                                        "time_s",
+                                        launch + flops / (grid_rate(form, x, y) / (2 + v))));
+                }
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    TuRun r = tu_zplan(args);
+    g_test_message("%s%s", r.out, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    ZpHw hw;
+    load_hw(prof, &hw);
+    const ZpOpTable *t = &hw.op_costs;
+    g_assert_true(t->has_gemm_head);
+    for (int form = 0; form < ZP_GEMM_N; form++) {
+        /* 2^5 x 2^5 x 2^5: a grid point (15, 0) */
+        g_assert_true(close_to(zp_optable_gemm_rate(t, form, FALSE, 32, 32, 32),
+                               grid_rate(form, 15, 0)));
+        g_assert_true(close_to(zp_optable_gemm_rate(t, form, TRUE, 32, 32, 32),
+                               grid_rate(form, 15, 0) / 2));
+        g_assert_true(close_to(zp_grid_at(&t->gemm_head[1][form], 15, 0),
+                               grid_rate(form, 15, 0) / 3));
+    }
+    g_assert_cmpint(zp_gemm_variant(TRUE, 32, 50257, 32), ==, ZP_GEMM_HEAD_ODD);
+    g_assert_cmpint(zp_gemm_variant(TRUE, 32, 32000, 32), ==, ZP_GEMM_HEAD);
+    g_assert_cmpint(zp_gemm_variant(FALSE, 32, 50257, 32), ==, ZP_GEMM_BLOCK);
+    root = synthetic_run(1);
+    g_assert_true(zp_json_write(root, run, &error));
+    json_decref(root);
+    r = tu_zplan(args);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    tu_free(&r);
+    load_hw(prof, &hw);
+    g_assert_false(hw.op_costs.has_gemm_head);
+    g_assert_true(close_to(zp_optable_gemm_rate(&hw.op_costs, 0, TRUE, 32, 32, 32),
+                           grid_rate(0, 15, 0)));
+    g_unlink(run);
+    g_unlink(prof);
+    g_rmdir(dir);
+    g_free(args), g_free(run), g_free(prof), g_free(dir);
+}
+
 /* Whole-op times: every run's, whatever its rank count, kept per op, shape and ranks (the
  * fastest run's of the same: 1 of 1, 3 and 11 s, where the median would be 3), and what
  * zp_cost then finds for a plan of that shape. */
@@ -845,6 +979,8 @@ int main(int argc, char **argv)
     g_test_add_func("/cost/copy-curve", test_copy_curve);
     g_test_add_func("/cost/calibrated-round-trip", test_calibrated_round_trip);
     g_test_add_func("/cost/calibrated-attention", test_calibrated_attention);
+    g_test_add_func("/cost/calibrated-model-shaped", test_calibrated_model_shaped);
+    g_test_add_func("/cost/calibrated-head-gemms", test_calibrated_head_gemms);
     g_test_add_func("/cost/calibrated-whole-ops", test_calibrated_whole_ops);
     g_test_add_func("/cost/calibrated-fastest-run", test_calibrated_fastest_run);
     g_test_add_func("/cost/calibrated-collectives", test_calibrated_collectives);

@@ -69,9 +69,10 @@ double zp_cost_kernel_s(const ZpCost *c, const ZpKernel *k)
     const ZpOpTable *t = &c->hw->op_costs;
     double rate = 0, work = k->flops;
     if (k->kind == ZP_KERNEL_GEMM) {
-        double x, y;
-        zp_gemm_coords(k->m, k->n, k->k, &x, &y);
-        rate = zp_grid_at(&t->gemm[k->sub], x, y);
+        const ZpGemmShape *exact = zp_optable_gemm_shape(t, k->sub, k->head, k->m, k->n, k->k);
+        if (exact)
+            return exact->time_s - zp_optable_stream_saving_s(t);
+        rate = zp_optable_gemm_rate(t, k->sub, k->head, k->m, k->n, k->k);
     } else if (k->kind == ZP_KERNEL_ATTENTION && c->attn_flops_per_s > 0) {
         rate = c->attn_flops_per_s;
     } else if (k->kind == ZP_KERNEL_ATTENTION) {

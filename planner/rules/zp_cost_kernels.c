@@ -62,6 +62,12 @@ static void gemm(ZpKernels *out, ZpGemmForm form, double m, double n, double k)
                         .flops = 2 * m * n * k});
 }
 
+static void head_gemm(ZpKernels *out, ZpGemmForm form, double m, double n, double k)
+{
+    gemm(out, form, m, n, k);
+    out->k[out->n - 1].head = TRUE;
+}
+
 static void ew(ZpKernels *out, ZpEwClass c, double bytes, double accesses)
 {
     add(out, (ZpKernel){.kind = ZP_KERNEL_EW, .sub = c, .bytes = bytes, .accesses = accesses});
@@ -185,11 +191,11 @@ static void head(ZpKernels *out, const Dims *d)
     ew(out, ZP_EW_CONVERT, 6 * th, 0);
     ew(out, ZP_EW_NORM_FWD, 8 * th, 2 * th);
     ew(out, ZP_EW_CONVERT, 8 * th, 0);
-    gemm(out, ZP_GEMM_FORWARD, d->t, d->v, d->h);
+    head_gemm(out, ZP_GEMM_FORWARD, d->t, d->v, d->h);
     ew(out, ZP_EW_LOSS, 20 * d->t * d->v, 4 * d->t * d->v);
-    gemm(out, ZP_GEMM_WEIGHT_GRAD, d->v, d->h, d->t);
+    head_gemm(out, ZP_GEMM_WEIGHT_GRAD, d->v, d->h, d->t);
     ew(out, ZP_EW_CONVERT, 8 * d->v * d->h, 0);
-    gemm(out, ZP_GEMM_INPUT_GRAD, d->t, d->h, d->v);
+    head_gemm(out, ZP_GEMM_INPUT_GRAD, d->t, d->h, d->v);
     ew(out, ZP_EW_CONVERT, 4 * (2 * d->h + th), 0);
     ew(out, ZP_EW_NORM_BWD, 16 * th, 4 * th);
     ew(out, ZP_EW_CONVERT, 8 * d->norm_elems, 0);

@@ -20,6 +20,9 @@ typedef struct {
     ZpKernelKind kind;
     int sub;          /* GEMM: ZpGemmForm; attention: 0 forward, 1 backward; ZpEwClass */
     double m, n, k;   /* GEMM shape: c[m,n] = a[m,k] b[k,n] */
+    gboolean head;    /* GEMM: the LM head's, whose layouts and operand dtypes are not a block
+                       * linear's (real_gpt_head_compute: the logits against the tied table,
+                       * dwte from two fp32 operands) */
     double flops;     /* GEMM 2mnk; attention the model's 4bs^2h/mp forward, 8 backward */
     double bytes;     /* elementwise: bytes the backend really reads and writes */
     /* Elements read plus written in the schedule's accounting (its mem_bytes are this times

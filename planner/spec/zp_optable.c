@@ -22,6 +22,21 @@ const char *zp_ew_class_name(ZpEwClass ew)
     return ew_names[ew];
 }
 
+double zp_ew_class_bytes_per_elem(ZpEwClass c, gboolean gated)
+{
+    static const double per[ZP_EW_N] = {[ZP_EW_NORM_FWD] = 8, [ZP_EW_NORM_BWD] = 16,
+                                        [ZP_EW_ACT_FWD] = 8,  [ZP_EW_ACT_BWD] = 12,
+                                        [ZP_EW_ADD] = 12,     [ZP_EW_BIAS_FWD] = 8,
+                                        [ZP_EW_BIAS_BWD] = 4, [ZP_EW_ROPE] = 8,
+                                        [ZP_EW_CONVERT] = 8,  [ZP_EW_LOSS] = 20,
+                                        [ZP_EW_EMBED] = 8};
+    if (gated && c == ZP_EW_ACT_FWD)
+        return 12;
+    if (gated && c == ZP_EW_ACT_BWD)
+        return 20;
+    return per[c];
+}
+
 /* ---- interpolation ---- */
 
 /* The cell index i (x[i] <= v <= x[i+1]) and the fraction across it, clamped. */
@@ -66,6 +81,25 @@ double zp_optable_attention_s(const ZpOpTable *t, int backward, double flops, do
 double zp_optable_stream_saving_s(const ZpOpTable *t)
 {
     return t->launch_s - t->launch_stream_s;
+}
+
+ZpGemmVariant zp_gemm_variant(gboolean head, double m, double n, double k)
+{
+    if (!head)
+        return ZP_GEMM_BLOCK;
+    return fmod(m, 8) != 0 || fmod(n, 8) != 0 || fmod(k, 8) != 0 ? ZP_GEMM_HEAD_ODD
+                                                                 : ZP_GEMM_HEAD;
+}
+
+double zp_optable_gemm_rate(const ZpOpTable *t, int form, gboolean head, double m, double n,
+                            double k)
+{
+    const ZpGemmVariant v = zp_gemm_variant(head, m, n, k);
+    const ZpGrid *g = v != ZP_GEMM_BLOCK && t->has_gemm_head ? &t->gemm_head[v - 1][form]
+                                                             : &t->gemm[form];
+    double x, y;
+    zp_gemm_coords(m, n, k, &x, &y);
+    return zp_grid_at(g, x, y);
 }
 
 void zp_gemm_coords(double m, double n, double k, double *log2_mnk, double *log2_aspect)
@@ -240,6 +274,57 @@ static gboolean op_times(json_t *ops, const char *what, ZpOpTable *t, GError **e
     return ok;
 }
 
+/* The optional "gemm_shapes" array. */
+static gboolean gemm_shapes(json_t *rows, const char *what, ZpOpTable *t, GError **error)
+{
+    static const char *const keys[] = {"form", "head", "m", "n", "k", "time_s", NULL};
+    if (!rows)
+        return TRUE;
+    if (!json_is_array(rows) || json_array_size(rows) > ZP_OPTABLE_MAX_GEMM_SHAPES) {
+        char *must = g_strdup_printf("an array of at most %d {form, head, m, n, k, time_s}",
+                                     ZP_OPTABLE_MAX_GEMM_SHAPES);
+        fail(error, what, "gemm_shapes", must);
+        g_free(must);
+        return FALSE;
+    }
+    char *sub = g_strdup_printf("%s.gemm_shapes", what);
+    gboolean ok = TRUE;
+    for (size_t i = 0; ok && i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        ZpGemmShape *g = &t->gemm_shapes[i];
+        const char *form = NULL;
+        ok = (json_is_object(row) || fail(error, sub, "[]", "an object")) &&
+             zp_json_check_keys(row, sub, keys, error) &&
+             zp_json_get_string(row, sub, "form", TRUE, &form, error) &&
+             zp_json_get_bool(row, sub, "head", TRUE, &g->head, error) &&
+             zp_json_get_number(row, sub, "m", TRUE, 1, 1e9, &g->m, error) &&
+             zp_json_get_number(row, sub, "n", TRUE, 1, 1e9, &g->n, error) &&
+             zp_json_get_number(row, sub, "k", TRUE, 1, 1e9, &g->k, error) &&
+             zp_json_get_number(row, sub, "time_s", TRUE, 1e-12, 1e6, &g->time_s, error);
+        g->form = -1;
+        for (int f = 0; ok && f < ZP_GEMM_N; f++)
+            if (strcmp(form, gemm_forms[f]) == 0)
+                g->form = f;
+        if (ok && g->form < 0)
+            ok = fail(error, sub, "form", "forward, input_grad or weight_grad");
+        if (ok)
+            t->n_gemm_shapes = (int)i + 1;
+    }
+    g_free(sub);
+    return ok;
+}
+
+const ZpGemmShape *zp_optable_gemm_shape(const ZpOpTable *t, int form, gboolean head, double m,
+                                         double n, double k)
+{
+    for (int i = 0; i < t->n_gemm_shapes; i++) {
+        const ZpGemmShape *g = &t->gemm_shapes[i];
+        if (g->form == form && g->head == head && g->m == m && g->n == n && g->k == k)
+            return g;
+    }
+    return NULL;
+}
+
 const ZpOpTime *zp_optable_op(const ZpOpTable *t, const char *op, const char *shape, int ranks)
 {
     for (int i = 0; i < t->n_ops; i++)
@@ -252,6 +337,7 @@ const ZpOpTime *zp_optable_op(const ZpOpTable *t, const char *op, const char *sh
 gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error)
 {
     static const char *const keys[] = {"source", "launch_s", "launch_stream_s", "gemm",
+                                       "gemm_head", "gemm_head_odd", "gemm_shapes",
                                        "eager_attention",
                                        "elementwise_bytes_per_s", "optimizer_bytes_per_s",
                                        "contention", "ops", "backend", "copy", NULL};
@@ -282,6 +368,14 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
     ok = ok && grids(json_object_get(obj, "gemm"), sub, "log2_mnk", "log2_aspect", gemm_forms,
                      ZP_GEMM_N, t->gemm, error);
     g_free(sub);
+    static const char *const head_keys[] = {"gemm_head", "gemm_head_odd"};
+    t->has_gemm_head = json_object_get(obj, head_keys[0]) || json_object_get(obj, head_keys[1]);
+    for (int v = 0; ok && t->has_gemm_head && v < 2; v++) {
+        sub = g_strdup_printf("%s.%s", inner, head_keys[v]);
+        ok = grids(json_object_get(obj, head_keys[v]), sub, "log2_mnk", "log2_aspect",
+                   gemm_forms, ZP_GEMM_N, t->gemm_head[v], error);
+        g_free(sub);
+    }
     json_t *attn = json_object_get(obj, "eager_attention");
     sub = g_strdup_printf("%s.eager_attention", inner);
     if (ok && attn)
@@ -298,7 +392,8 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
         ok = zp_json_get_number(ew, sub, ew_names[c], TRUE, 1e6, 1e15, &t->ew_bytes_per_s[c],
                                 error);
     g_free(sub);
-    ok = ok && op_times(json_object_get(obj, "ops"), inner, t, error);
+    ok = ok && op_times(json_object_get(obj, "ops"), inner, t, error) &&
+         gemm_shapes(json_object_get(obj, "gemm_shapes"), inner, t, error);
     json_t *copy = json_object_get(obj, "copy");
     sub = g_strdup_printf("%s.copy", inner);
     ok = ok && (!copy || zp_colltab_curve_from_json(copy, sub, &t->copy, error));
@@ -343,6 +438,13 @@ void *zp_optable_to_json(const ZpOpTable *t)
                           grids_json("log2_mnk", "log2_aspect", gemm_forms, ZP_GEMM_N, t->gemm),
                           "elementwise_bytes_per_s", ew, "optimizer_bytes_per_s",
                           t->optimizer_bytes_per_s, "contention", t->contention);
+    if (t->has_gemm_head) {
+        json_object_set_new(o, "gemm_head", grids_json("log2_mnk", "log2_aspect", gemm_forms,
+                                                       ZP_GEMM_N, t->gemm_head[0]));
+        json_object_set_new(o, "gemm_head_odd", grids_json("log2_mnk", "log2_aspect",
+                                                           gemm_forms, ZP_GEMM_N,
+                                                           t->gemm_head[1]));
+    }
     if (t->has_eager_attention) {
         json_t *a = grids_json("log2_seq", "log2_head_dim", passes, 2, t->eager_attention[0]);
         json_object_set_new(a, "log2_heads", numbers(t->attn_log2_heads, t->attn_levels));
@@ -369,6 +471,17 @@ void *zp_optable_to_json(const ZpOpTable *t)
                                                  t->ops[i].ranks, "time_s",
                                                  t->ops[i].time_s));
         json_object_set_new(o, "ops", ops);
+    }
+    if (t->n_gemm_shapes > 0) {
+        json_t *rows = json_array();
+        for (int i = 0; i < t->n_gemm_shapes; i++) {
+            const ZpGemmShape *g = &t->gemm_shapes[i];
+            json_array_append_new(rows, json_pack("{s:s, s:b, s:f, s:f, s:f, s:f}", "form",
+                                                  gemm_forms[g->form], "head", g->head, "m",
+                                                  g->m, "n", g->n, "k", g->k, "time_s",
+                                                  g->time_s));
+        }
+        json_object_set_new(o, "gemm_shapes", rows);
     }
     if (t->copy.n > 0)
         json_object_set_new(o, "copy", zp_colltab_curve_to_json(&t->copy));

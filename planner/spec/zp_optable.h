@@ -25,6 +25,14 @@ typedef struct {
  * per form, see real_gpt.c): y = x W, dx = dy W^T, dW += x^T dy. */
 typedef enum { ZP_GEMM_FORWARD, ZP_GEMM_INPUT_GRAD, ZP_GEMM_WEIGHT_GRAD, ZP_GEMM_N } ZpGemmForm;
 
+/* Whose GEMM: a block linear's, or the LM head's (its own layouts and dtypes, real_gpt_ends.c),
+ * the latter apart where a dimension is no multiple of 8 (a vocabulary such as GPT-2's 50,257,
+ * for which cuBLAS has only its slower kernels). */
+typedef enum { ZP_GEMM_BLOCK, ZP_GEMM_HEAD, ZP_GEMM_HEAD_ODD, ZP_GEMM_VARIANTS } ZpGemmVariant;
+
+/* The variant of a GEMM of that kind and shape. */
+ZpGemmVariant zp_gemm_variant(gboolean head, double m, double n, double k);
+
 /* Elementwise op classes: each kernel of a step is one of these, costed by the bytes it really
  * moves (as the backends in real/ read and write them) at its class's measured rate. */
 typedef enum {
@@ -55,6 +63,18 @@ typedef struct {
     double time_s;
 } ZpOpTime;
 
+/* One GEMM timed at its exact shape, as real_gpt issues it (real_microbench's model-shaped
+ * GEMMs): zp_cost takes it before the GEMM surface, which is timed at powers of two in a
+ * block linear's layouts and dtypes and so misses the LM head's (a vocabulary such as GPT-2's
+ * 50,257 is no multiple of 8, and dwte multiplies two fp32 operands). */
+#define ZP_OPTABLE_MAX_GEMM_SHAPES 256
+typedef struct {
+    int form;       /* ZpGemmForm */
+    gboolean head;  /* the LM head's GEMM (ZpKernel head) */
+    double m, n, k;
+    double time_s;  /* timed alone, its launch included */
+} ZpGemmShape;
+
 typedef struct {
     gboolean present;
     char source[256];
@@ -66,6 +86,10 @@ typedef struct {
                                           * its launch overlapping the one before; launch_s
                                           * where not measured */
     ZpGrid gemm[ZP_GEMM_N];              /* FLOP/s over x = log2(m n k), y = log2(aspect) */
+    gboolean has_gemm_head;              /* "gemm_head", "gemm_head_odd" (optional, both) */
+    ZpGrid gemm_head[2][ZP_GEMM_N];      /* the head's, aligned and odd, as `gemm` */
+    int n_gemm_shapes;                   /* "gemm_shapes" (optional) */
+    ZpGemmShape gemm_shapes[ZP_OPTABLE_MAX_GEMM_SHAPES];
     /* Eager attention as zreal runs it (real_cuda_attention.cu, real_cpu.c): one call a
      * micro-batch, its samples one after another, each sample's heads at once. A call of b
      * samples takes attn_fixed_s[pass] + b x (one sample's model FLOPs) / rate, the rate a
@@ -97,8 +121,10 @@ typedef struct {
 /* Parses the "op_costs" object (a json_t *) into t; `what` names the file in messages. Every
  * key is required but "eager_attention" (its "log2_heads" axis and "fixed_s" optional: one
  * level of 8 heads and the launch without them; with the axis, "forward" and "backward" are
- * [heads][seq][head_dim] arrays), "launch_stream_s" (default launch_s), "contention"
- * (default 1), "ops" (an array of
+ * [heads][seq][head_dim] arrays), "launch_stream_s" (default launch_s), "gemm_shapes" (an
+ * array of {form, head, m, n, k, time_s}, none by default), "gemm_head" and "gemm_head_odd"
+ * (both or neither, each as "gemm"), "contention" (default 1), "ops"
+ * (an array of
  * {op, shape, ranks, time_s}, none by default) and "copy" ({bytes, time_s}, none by
  * default); every rate and time positive. */
 gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError **error);
@@ -106,6 +132,15 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
 /* The table as an "op_costs" object (a new json_t *), which zp_optable_from_json reads back
  * to the same table. */
 void *zp_optable_to_json(const ZpOpTable *t);
+
+/* A GEMM's rate on its variant's surface (the block surface for a head's where the table has
+ * none). */
+double zp_optable_gemm_rate(const ZpOpTable *t, int form, gboolean head, double m, double n,
+                            double k);
+
+/* The GEMM timed at exactly this form, kind and shape; NULL when none was. */
+const ZpGemmShape *zp_optable_gemm_shape(const ZpOpTable *t, int form, gboolean head, double m,
+                                         double n, double k);
 
 /* The whole-op time of op `op` at `shape` with `ranks` ranks at once; NULL when none. */
 const ZpOpTime *zp_optable_op(const ZpOpTable *t, const char *op, const char *shape, int ranks);
@@ -127,6 +162,11 @@ double zp_grid_at(const ZpGrid *g, double x, double y);
 void zp_gemm_coords(double m, double n, double k, double *log2_mnk, double *log2_aspect);
 
 const char *zp_gemm_form_name(ZpGemmForm form);
+
+/* Bytes an elementwise class's kernel moves per element as zp_cost_kernels counts them (the
+ * rotary kernel's elements are the rotated q and k values, the activation's its outputs);
+ * `gated` for SwiGLU's activation. */
+double zp_ew_class_bytes_per_elem(ZpEwClass c, gboolean gated);
 const char *zp_ew_class_name(ZpEwClass ew);
 
 #endif

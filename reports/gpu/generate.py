@@ -359,10 +359,11 @@ TIME_NOTE_ROOFLINE = (
     "hold (see the race's kernel table).")
 TIME_NOTE_OPTABLE = (
     "The profile has an op table (`op_costs`): zp_cost prices each op as the kernels zreal "
-    "issues for it (zp_cost_kernels: every GEMM at its shape on the GEMM grid, eager attention "
-    "on the attention grid, each elementwise kernel by its bytes at its class's rate, a launch "
-    "each). The attention table above prices the model-shaped attention kernels too slow; the "
-    "blocks' share of that is where the step's time is over-predicted.")
+    "issues for it (zp_cost_kernels): every GEMM at its exact shape where the microbenchmark "
+    "timed it, else on the GEMM grid; eager attention a fixed time per call plus each sample "
+    "at its heads level's rate; each elementwise kernel by its bytes at its class's rate; a "
+    "kernel's fixed cost in a stream each. Where it still misses, op by op, and why: the "
+    "attention table above and [LEASES.md](LEASES.md).")
 
 
 def parse_args(argv):
