@@ -3,36 +3,61 @@
  * said out loud, no contention without overlap, and op times a hand computation gives. */
 #include "cost_common.h"
 
+/* dgx-h100's profile with an op table, written to a temporary file: `root` and `table` stay
+ * open for a test to change and write again (table_file_write). */
+typedef struct {
+    json_t *root, *table;
+    char *dir, *path;
+} TableFile;
+
+static void table_file_write(TableFile *f)
+{
+    GError *error = NULL;
+    g_assert_true(zp_json_write(f->root, f->path, &error));
+    g_assert_no_error(error);
+}
+
+static TableFile table_file(const ZpOpTable *t)
+{
+    GError *error = NULL;
+    char *src = g_build_filename(zp_data_dir(), "hwprofiles", "dgx-h100.json", NULL);
+    TableFile f = {.root = zp_json_load_object(src, &error), .table = zp_optable_to_json(t),
+                   .dir = g_dir_make_tmp("test_cost-XXXXXX", NULL)};
+    g_assert_no_error(error);
+    g_free(src);
+    json_object_set(f.root, "op_costs", f.table);
+    f.path = g_build_filename(f.dir, "profile.json", NULL);
+    table_file_write(&f);
+    return f;
+}
+
+static void table_file_free(TableFile *f)
+{
+    g_unlink(f->path);
+    g_rmdir(f->dir);
+    json_decref(f->table);
+    json_decref(f->root);
+    g_free(f->path), g_free(f->dir);
+}
+
 /* A profile with an op table, written to JSON, loads back to the same table. */
 static void test_round_trip(void)
 {
     GError *error = NULL;
-    char *src = g_build_filename(zp_data_dir(), "hwprofiles", "dgx-h100.json", NULL);
-    json_t *root = zp_json_load_object(src, &error);
-    g_assert_no_error(error);
     const ZpOpTable t = synthetic_table();
-    json_object_set_new(root, "op_costs", zp_optable_to_json(&t));
-    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
-    char *path = g_build_filename(dir, "profile.json", NULL);
-    g_assert_true(zp_json_write(root, path, &error));
+    TableFile f = table_file(&t);
     ZpHw hw;
-    load_hw(path, &hw);
+    load_hw(f.path, &hw);
     g_assert_true(hw.op_costs.present);
     g_assert_cmpstr(hw.op_costs.source, ==, t.source);
     g_assert_true(memcmp(&hw.op_costs, &t, sizeof t) == 0);
     /* A table with a missing class is refused naming it. */
-    json_object_del(json_object_get(json_object_get(root, "op_costs"), "elementwise_bytes_per_s"),
-                    "rope");
-    g_assert_true(zp_json_write(root, path, &error));
-    g_assert_false(zp_hw_load(path, &hw, &error));
+    json_object_del(json_object_get(f.table, "elementwise_bytes_per_s"), "rope");
+    table_file_write(&f);
+    g_assert_false(zp_hw_load(f.path, &hw, &error));
     g_assert_nonnull(strstr(error->message, "rope"));
     g_clear_error(&error);
-    g_unlink(path);
-    g_rmdir(dir);
-    json_decref(root);
-    g_free(path);
-    g_free(dir);
-    g_free(src);
+    table_file_free(&f);
 }
 
 /* Eager attention at heads levels: a call is its fixed time plus its FLOPs at the rate of the
@@ -82,23 +107,16 @@ static void test_attention_heads_levels(void)
     }
     /* Written and read back; the format without levels; a level count the grids do not have. */
     GError *error = NULL;
-    char *src = g_build_filename(zp_data_dir(), "hwprofiles", "dgx-h100.json", NULL);
-    json_t *root = zp_json_load_object(src, &error);
-    g_assert_no_error(error);
-    json_t *table = zp_optable_to_json(&t);
-    json_object_set(root, "op_costs", table);
-    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
-    char *path = g_build_filename(dir, "profile.json", NULL);
-    g_assert_true(zp_json_write(root, path, &error));
-    load_hw(path, &hw);
+    TableFile f = table_file(&t);
+    load_hw(f.path, &hw);
     g_assert_true(memcmp(&hw.op_costs, &t, sizeof t) == 0);
-    json_t *attn = json_object_get(table, "eager_attention");
+    json_t *attn = json_object_get(f.table, "eager_attention");
     json_object_del(attn, "fixed_s");
     json_object_del(attn, "log2_heads");
     json_object_set_new(attn, "forward", json_pack("[[f]]", 5e9));
     json_object_set_new(attn, "backward", json_pack("[[f]]", 6e9));
-    g_assert_true(zp_json_write(root, path, &error));
-    load_hw(path, &hw);
+    table_file_write(&f);
+    load_hw(f.path, &hw);
     g_assert_cmpint(hw.op_costs.attn_levels, ==, 1);
     g_assert_cmpfloat(hw.op_costs.attn_log2_heads[0], ==, 3);
     g_assert_cmpfloat(hw.op_costs.attn_fixed_s[0], ==, t.launch_s);
@@ -106,21 +124,17 @@ static void test_attention_heads_levels(void)
     g_assert_cmpfloat(zp_optable_attention_s(&hw.op_costs, 1, F, 5, 4, 6), ==,
                       t.launch_s + F / 6e9);
     json_object_set_new(attn, "log2_heads", json_pack("[f, f]", 1.0, 3.0));
-    g_assert_true(zp_json_write(root, path, &error));
-    g_assert_false(zp_hw_load(path, &hw, &error));
+    table_file_write(&f);
+    g_assert_false(zp_hw_load(f.path, &hw, &error));
     g_assert_nonnull(strstr(error->message, "\"forward\" must be 2 grids, one per log2_heads"));
     g_clear_error(&error);
     json_object_del(attn, "log2_heads");
     json_object_set_new(attn, "fixed_s", json_pack("[f]", 1e-6));
-    g_assert_true(zp_json_write(root, path, &error));
-    g_assert_false(zp_hw_load(path, &hw, &error));
+    table_file_write(&f);
+    g_assert_false(zp_hw_load(f.path, &hw, &error));
     g_assert_nonnull(strstr(error->message, "\"fixed_s\" must be two times"));
     g_clear_error(&error);
-    g_unlink(path);
-    g_rmdir(dir);
-    json_decref(table);
-    json_decref(root);
-    g_free(path), g_free(dir), g_free(src);
+    table_file_free(&f);
 }
 
 /* A GEMM timed at its exact shape: zp_cost takes that time (less what a stream saves of its
@@ -172,27 +186,16 @@ static void test_gemm_shapes(void)
         heads += ks.k[i].kind == ZP_KERNEL_GEMM && ks.k[i].head;
     g_assert_cmpint(heads, ==, 3);
     GError *error = NULL;
-    char *src = g_build_filename(zp_data_dir(), "hwprofiles", "dgx-h100.json", NULL);
-    json_t *root = zp_json_load_object(src, &error);
-    g_assert_no_error(error);
-    json_t *table = zp_optable_to_json(&t);
-    json_object_set(root, "op_costs", table);
-    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
-    char *path = g_build_filename(dir, "profile.json", NULL);
-    g_assert_true(zp_json_write(root, path, &error));
-    load_hw(path, &hw);
+    TableFile f = table_file(&t);
+    load_hw(f.path, &hw);
     g_assert_true(memcmp(&hw.op_costs, &t, sizeof t) == 0);
-    json_object_set_new(json_array_get(json_object_get(table, "gemm_shapes"), 0), "form",
+    json_object_set_new(json_array_get(json_object_get(f.table, "gemm_shapes"), 0), "form",
                         json_string("sideways"));
-    g_assert_true(zp_json_write(root, path, &error));
-    g_assert_false(zp_hw_load(path, &hw, &error));
+    table_file_write(&f);
+    g_assert_false(zp_hw_load(f.path, &hw, &error));
     g_assert_nonnull(strstr(error->message, "gemm_shapes: key \"form\" must be forward"));
     g_clear_error(&error);
-    g_unlink(path);
-    g_rmdir(dir);
-    json_decref(table);
-    json_decref(root);
-    g_free(path), g_free(dir), g_free(src);
+    table_file_free(&f);
 }
 
 /* The surface is exact at every grid point; between two neighbours along either axis it stays

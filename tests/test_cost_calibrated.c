@@ -235,6 +235,41 @@ static void test_calibrated_round_trip(void)
     g_free(args), g_free(run), g_free(prof), g_free(dir);
 }
 
+/* A temporary folder with a run's and a profile's paths, and calibrate's arguments for them. */
+typedef struct {
+    char *dir, *run, *prof, *args;
+} CalFiles;
+
+static CalFiles cal_files(void)
+{
+    CalFiles f = {.dir = g_dir_make_tmp("test_cost-XXXXXX", NULL)};
+    f.run = g_build_filename(f.dir, "run.json", NULL);
+    f.prof = g_build_filename(f.dir, "prof.json", NULL);
+    f.args = g_strdup_printf("calibrate %s --out %s", f.run, f.prof);
+    return f;
+}
+
+/* Writes `root` (taken) as the run and calibrates it, which must succeed. */
+static TuRun cal_files_run(const CalFiles *f, json_t *root)
+{
+    GError *error = NULL;
+    g_assert_true(zp_json_write(root, f->run, &error));
+    g_assert_no_error(error);
+    json_decref(root);
+    TuRun r = tu_zplan(f->args);
+    g_test_message("%s%s", r.out, r.err);
+    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    return r;
+}
+
+static void cal_files_free(CalFiles *f)
+{
+    g_unlink(f->run);
+    g_unlink(f->prof);
+    g_rmdir(f->dir);
+    g_free(f->args), g_free(f->run), g_free(f->prof), g_free(f->dir);
+}
+
 /* A sample's attention rate at log2 heads z: linear in z, so that the table's interpolation
  * between the levels 3 and 5 is exact at z = 4. */
 static double attn_rate(int pass, double z)
@@ -255,11 +290,7 @@ static double attn_time(int pass, int batch, int heads, int seq, int hd, double 
  * run's launch_stream_s is the table's. */
 static void test_calibrated_attention(void)
 {
-    GError *error = NULL;
-    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
-    char *run = g_build_filename(dir, "run.json", NULL);
-    char *prof = g_build_filename(dir, "prof.json", NULL);
-    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    CalFiles f = cal_files();
     for (int slow = 0; slow < 2; slow++) {
         json_t *root = synthetic_run(1), *attn = json_array(), *kernels = json_array();
         for (int pass = 0; pass < 2; pass++)
@@ -286,11 +317,7 @@ static void test_calibrated_attention(void)
         json_object_set_new(root, "attention_grid", attn);
         json_object_set_new(root, "kernels", kernels);
         json_object_set_new(root, "launch_stream_s", json_real(0.4e-6));
-        g_assert_true(zp_json_write(root, run, &error));
-        json_decref(root);
-        TuRun r = tu_zplan(args);
-        g_test_message("%s%s", r.out, r.err);
-        g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+        TuRun r = cal_files_run(&f, root);
         const char *warning = "op table misses the model-shaped attention kernels";
         if (slow) {
             g_assert_nonnull(strstr(r.err, warning));
@@ -300,7 +327,7 @@ static void test_calibrated_attention(void)
         g_assert_null(strstr(r.err, warning));
         tu_free(&r);
         ZpHw hw;
-        load_hw(prof, &hw);
+        load_hw(f.prof, &hw);
         const ZpOpTable *t = &hw.op_costs;
         g_assert_cmpfloat(t->launch_stream_s, ==, 0.4e-6);
         g_assert_cmpint(t->attn_levels, ==, 2);
@@ -316,10 +343,7 @@ static void test_calibrated_attention(void)
                                    attn_time(pass, 2, 16, 64, 32, 1)));
         }
     }
-    g_unlink(run);
-    g_unlink(prof);
-    g_rmdir(dir);
-    g_free(args), g_free(run), g_free(prof), g_free(dir);
+    cal_files_free(&f);
 }
 
 /* A device run's model-shaped kernels: its row kernels at a model's widths are their classes'
@@ -329,11 +353,7 @@ static void test_calibrated_attention(void)
  * to take before the GEMM surface. A host run (no "kernels") keeps its sweep. */
 static void test_calibrated_model_shaped(void)
 {
-    GError *error = NULL;
-    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
-    char *run = g_build_filename(dir, "run.json", NULL);
-    char *prof = g_build_filename(dir, "prof.json", NULL);
-    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    CalFiles f = cal_files();
     json_t *root = synthetic_run(1);
     const double launch = 1e-6, norm_rate = 2 * 1e9, loss_rate = 3 * 10e9;
     json_t *kernels = json_array(), *memory = json_object_get(root, "memory");
@@ -356,14 +376,10 @@ static void test_calibrated_model_shaped(void)
     json_array_append_new(gemm, json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f}", "shape", "fc1",
                                           "form", "weight_grad", "m", 32, "n", 128, "k", 64,
                                           "flops", 2.0 * 32 * 128 * 64, "time_s", 3e-5));
-    g_assert_true(zp_json_write(root, run, &error));
-    json_decref(root);
-    TuRun r = tu_zplan(args);
-    g_test_message("%s%s", r.out, r.err);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    TuRun r = cal_files_run(&f, root);
     tu_free(&r);
     ZpHw hw;
-    load_hw(prof, &hw);
+    load_hw(f.prof, &hw);
     const ZpOpTable *t = &hw.op_costs;
     g_assert_true(close_to(t->ew_bytes_per_s[ZP_EW_NORM_FWD], norm_rate));
     g_assert_true(close_to(t->ew_bytes_per_s[ZP_EW_LOSS], loss_rate));
@@ -380,17 +396,11 @@ static void test_calibrated_model_shaped(void)
     json_array_append_new(mem, json_pack("{s:s, s:f, s:f, s:f}", "kernel", "layernorm", "elems",
                                          1e6, "bytes", 4e6, "time_s", launch + 8e6 / norm_rate));
     json_object_set_new(root, "kernels", json_array());
-    g_assert_true(zp_json_write(root, run, &error));
-    json_decref(root);
-    r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    r = cal_files_run(&f, root);
     tu_free(&r);
-    load_hw(prof, &hw);
+    load_hw(f.prof, &hw);
     g_assert_true(close_to(hw.op_costs.ew_bytes_per_s[ZP_EW_NORM_FWD], 1e9));
-    g_unlink(run);
-    g_unlink(prof);
-    g_rmdir(dir);
-    g_free(args), g_free(run), g_free(prof), g_free(dir);
+    cal_files_free(&f);
 }
 
 /* The LM head's GEMM surfaces: a run that times the head's variants (aligned and with an odd
@@ -398,11 +408,7 @@ static void test_calibrated_model_shaped(void)
  * linear's on the block surface; a run without them leaves the head on the block surface. */
 static void test_calibrated_head_gemms(void)
 {
-    GError *error = NULL;
-    char *dir = g_dir_make_tmp("test_cost-XXXXXX", NULL);
-    char *run = g_build_filename(dir, "run.json", NULL);
-    char *prof = g_build_filename(dir, "prof.json", NULL);
-    char *args = g_strdup_printf("calibrate %s --out %s", run, prof);
+    CalFiles f = cal_files();
     const double launch = 1e-6;
     json_t *root = synthetic_run(1), *grid = json_object_get(root, "gemm_grid");
     static const char *const variants[] = {"head", "head_odd"};
@@ -418,14 +424,10 @@ static void test_calibrated_head_gemms(void)
                                         "time_s",
                                         launch + flops / (grid_rate(form, x, y) / (2 + v))));
                 }
-    g_assert_true(zp_json_write(root, run, &error));
-    json_decref(root);
-    TuRun r = tu_zplan(args);
-    g_test_message("%s%s", r.out, r.err);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    TuRun r = cal_files_run(&f, root);
     tu_free(&r);
     ZpHw hw;
-    load_hw(prof, &hw);
+    load_hw(f.prof, &hw);
     const ZpOpTable *t = &hw.op_costs;
     g_assert_true(t->has_gemm_head);
     for (int form = 0; form < ZP_GEMM_N; form++) {
@@ -441,19 +443,13 @@ static void test_calibrated_head_gemms(void)
     g_assert_cmpint(zp_gemm_variant(TRUE, 32, 32000, 32), ==, ZP_GEMM_HEAD);
     g_assert_cmpint(zp_gemm_variant(FALSE, 32, 50257, 32), ==, ZP_GEMM_BLOCK);
     root = synthetic_run(1);
-    g_assert_true(zp_json_write(root, run, &error));
-    json_decref(root);
-    r = tu_zplan(args);
-    g_assert_true(g_spawn_check_wait_status(r.status, NULL));
+    r = cal_files_run(&f, root);
     tu_free(&r);
-    load_hw(prof, &hw);
+    load_hw(f.prof, &hw);
     g_assert_false(hw.op_costs.has_gemm_head);
     g_assert_true(close_to(zp_optable_gemm_rate(&hw.op_costs, 0, TRUE, 32, 32, 32),
                            grid_rate(0, 15, 0)));
-    g_unlink(run);
-    g_unlink(prof);
-    g_rmdir(dir);
-    g_free(args), g_free(run), g_free(prof), g_free(dir);
+    cal_files_free(&f);
 }
 
 /* Whole-op times: every run's, whatever its rank count, kept per op, shape and ranks (the
