@@ -127,32 +127,24 @@ typedef struct {
 
 /* A block linear's (real_gpt_block.c) and the LM head's (real_gpt_ends.c
  * real_gpt_head_compute: logits = y wte^T, dwte = dlogits^T y from two fp32 operands,
- * dy = dlogits wte), by ZpGemmVariant. */
-static const GemmForm gemm_forms[ZP_GEMM_VARIANTS][ZP_GEMM_N] = {
-    [ZP_GEMM_BLOCK] =
-        {
-            [ZP_GEMM_FORWARD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-            [ZP_GEMM_INPUT_GRAD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-            [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_BF16, REAL_DTYPE_F32, 1.0f},
-        },
-    [ZP_GEMM_HEAD] =
-        {
-            [ZP_GEMM_FORWARD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-            [ZP_GEMM_INPUT_GRAD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-            [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_F32, REAL_DTYPE_F32, 0.0f},
-        },
-    [ZP_GEMM_HEAD_ODD] =
-        {
-            [ZP_GEMM_FORWARD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-            [ZP_GEMM_INPUT_GRAD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
-            [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_F32, REAL_DTYPE_F32, 0.0f},
-        },
+ * dy = dlogits wte); both head variants, aligned or odd, issue the head's. */
+static const GemmForm gemm_forms[2][ZP_GEMM_N] = {
+    {
+        [ZP_GEMM_FORWARD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+        [ZP_GEMM_INPUT_GRAD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+        [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_BF16, REAL_DTYPE_F32, 1.0f},
+    },
+    {
+        [ZP_GEMM_FORWARD] = {false, true, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+        [ZP_GEMM_INPUT_GRAD] = {false, false, REAL_DTYPE_F32, REAL_DTYPE_BF16, 0.0f},
+        [ZP_GEMM_WEIGHT_GRAD] = {true, false, REAL_DTYPE_F32, REAL_DTYPE_F32, 0.0f},
+    },
 };
 
 static gboolean run_gemm(void *p, GError **error)
 {
     Bench *x = p;
-    const GemmForm *f = &gemm_forms[x->variant][x->form];
+    const GemmForm *f = &gemm_forms[x->variant != ZP_GEMM_BLOCK][x->form];
     const void *pa = f->a == REAL_DTYPE_BF16 ? (const void *)x->h[0] : (const void *)x->f[0];
     const void *pb = f->b == REAL_DTYPE_BF16 ? (const void *)x->h[1] : (const void *)x->f[1];
     if (x->be->gemm(x->be, f->ta, f->tb, x->m, x->n, x->k, 1.0f, f->a, pa, f->b, pb, f->beta,

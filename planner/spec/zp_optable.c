@@ -235,82 +235,80 @@ static gboolean attention_table(json_t *obj, const char *what, ZpOpTable *t, GEr
     return ok || fail(error, what, "fixed_s", "two times in [0, 1] s (forward, backward)");
 }
 
-/* The optional "ops" array of whole-op times. */
-static gboolean op_times(json_t *ops, const char *what, ZpOpTable *t, GError **error)
+/* One row of an optional array of objects, read into t's i-th entry; `sub` names the array. */
+typedef gboolean (*RowFn)(json_t *row, const char *sub, size_t i, ZpOpTable *t,
+                          GError **error);
+
+/* The optional array `key` of at most `max` objects (`fields` says which, for the message),
+ * each read by `read`. */
+static gboolean object_rows(json_t *obj, const char *what, const char *key, size_t max,
+                            const char *fields, RowFn read, ZpOpTable *t, GError **error)
 {
-    static const char *const keys[] = {"op", "shape", "ranks", "time_s", NULL};
-    if (!ops)
+    json_t *rows = json_object_get(obj, key);
+    if (!rows)
         return TRUE;
-    if (!json_is_array(ops) || json_array_size(ops) > ZP_OPTABLE_MAX_OPS) {
-        char *must = g_strdup_printf("an array of at most %d {op, shape, ranks, time_s}",
-                                     ZP_OPTABLE_MAX_OPS);
-        fail(error, what, "ops", must);
+    if (!json_is_array(rows) || json_array_size(rows) > max) {
+        char *must = g_strdup_printf("an array of at most %zu {%s}", max, fields);
+        fail(error, what, key, must);
         g_free(must);
         return FALSE;
     }
-    char *sub = g_strdup_printf("%s.ops", what);
+    char *sub = g_strdup_printf("%s.%s", what, key);
     gboolean ok = TRUE;
-    for (size_t i = 0; ok && i < json_array_size(ops); i++) {
-        json_t *row = json_array_get(ops, i);
-        ZpOpTime *o = &t->ops[i];
-        const char *op = NULL, *shape = NULL;
-        int64_t ranks = 0;
+    for (size_t i = 0; ok && i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
         ok = (json_is_object(row) || fail(error, sub, "[]", "an object")) &&
-             zp_json_check_keys(row, sub, keys, error) &&
-             zp_json_get_string(row, sub, "op", TRUE, &op, error) &&
-             zp_json_get_string(row, sub, "shape", TRUE, &shape, error) &&
-             zp_json_get_int(row, sub, "ranks", TRUE, 1, 1 << 20, &ranks, error) &&
-             zp_json_get_number(row, sub, "time_s", TRUE, 1e-12, 1e6, &o->time_s, error);
-        if (ok && (strlen(op) >= sizeof o->op || strlen(shape) >= sizeof o->shape))
-            ok = fail(error, sub, "op", "a known op name with a shape under 160 characters");
-        if (ok) {
-            g_strlcpy(o->op, op, sizeof o->op);
-            g_strlcpy(o->shape, shape, sizeof o->shape);
-            o->ranks = (int)ranks;
-            t->n_ops = (int)i + 1;
-        }
+             read(row, sub, i, t, error);
     }
     g_free(sub);
     return ok;
 }
 
-/* The optional "gemm_shapes" array. */
-static gboolean gemm_shapes(json_t *rows, const char *what, ZpOpTable *t, GError **error)
+/* An "ops" row: a whole-op time. */
+static gboolean op_time(json_t *row, const char *sub, size_t i, ZpOpTable *t, GError **error)
+{
+    static const char *const keys[] = {"op", "shape", "ranks", "time_s", NULL};
+    ZpOpTime *o = &t->ops[i];
+    const char *op = NULL, *shape = NULL;
+    int64_t ranks = 0;
+    gboolean ok = zp_json_check_keys(row, sub, keys, error) &&
+                  zp_json_get_string(row, sub, "op", TRUE, &op, error) &&
+                  zp_json_get_string(row, sub, "shape", TRUE, &shape, error) &&
+                  zp_json_get_int(row, sub, "ranks", TRUE, 1, 1 << 20, &ranks, error) &&
+                  zp_json_get_number(row, sub, "time_s", TRUE, 1e-12, 1e6, &o->time_s, error);
+    if (ok && (strlen(op) >= sizeof o->op || strlen(shape) >= sizeof o->shape))
+        ok = fail(error, sub, "op", "a known op name with a shape under 160 characters");
+    if (ok) {
+        g_strlcpy(o->op, op, sizeof o->op);
+        g_strlcpy(o->shape, shape, sizeof o->shape);
+        o->ranks = (int)ranks;
+        t->n_ops = (int)i + 1;
+    }
+    return ok;
+}
+
+/* A "gemm_shapes" row: one GEMM timed at its exact shape. */
+static gboolean gemm_shape(json_t *row, const char *sub, size_t i, ZpOpTable *t,
+                           GError **error)
 {
     static const char *const keys[] = {"form", "head", "m", "n", "k", "time_s", NULL};
-    if (!rows)
-        return TRUE;
-    if (!json_is_array(rows) || json_array_size(rows) > ZP_OPTABLE_MAX_GEMM_SHAPES) {
-        char *must = g_strdup_printf("an array of at most %d {form, head, m, n, k, time_s}",
-                                     ZP_OPTABLE_MAX_GEMM_SHAPES);
-        fail(error, what, "gemm_shapes", must);
-        g_free(must);
-        return FALSE;
-    }
-    char *sub = g_strdup_printf("%s.gemm_shapes", what);
-    gboolean ok = TRUE;
-    for (size_t i = 0; ok && i < json_array_size(rows); i++) {
-        json_t *row = json_array_get(rows, i);
-        ZpGemmShape *g = &t->gemm_shapes[i];
-        const char *form = NULL;
-        ok = (json_is_object(row) || fail(error, sub, "[]", "an object")) &&
-             zp_json_check_keys(row, sub, keys, error) &&
-             zp_json_get_string(row, sub, "form", TRUE, &form, error) &&
-             zp_json_get_bool(row, sub, "head", TRUE, &g->head, error) &&
-             zp_json_get_number(row, sub, "m", TRUE, 1, 1e9, &g->m, error) &&
-             zp_json_get_number(row, sub, "n", TRUE, 1, 1e9, &g->n, error) &&
-             zp_json_get_number(row, sub, "k", TRUE, 1, 1e9, &g->k, error) &&
-             zp_json_get_number(row, sub, "time_s", TRUE, 1e-12, 1e6, &g->time_s, error);
-        g->form = -1;
-        for (int f = 0; ok && f < ZP_GEMM_N; f++)
-            if (strcmp(form, gemm_forms[f]) == 0)
-                g->form = f;
-        if (ok && g->form < 0)
-            ok = fail(error, sub, "form", "forward, input_grad or weight_grad");
-        if (ok)
-            t->n_gemm_shapes = (int)i + 1;
-    }
-    g_free(sub);
+    ZpGemmShape *g = &t->gemm_shapes[i];
+    const char *form = NULL;
+    gboolean ok = zp_json_check_keys(row, sub, keys, error) &&
+                  zp_json_get_string(row, sub, "form", TRUE, &form, error) &&
+                  zp_json_get_bool(row, sub, "head", TRUE, &g->head, error) &&
+                  zp_json_get_number(row, sub, "m", TRUE, 1, 1e9, &g->m, error) &&
+                  zp_json_get_number(row, sub, "n", TRUE, 1, 1e9, &g->n, error) &&
+                  zp_json_get_number(row, sub, "k", TRUE, 1, 1e9, &g->k, error) &&
+                  zp_json_get_number(row, sub, "time_s", TRUE, 1e-12, 1e6, &g->time_s, error);
+    g->form = -1;
+    for (int f = 0; ok && f < ZP_GEMM_N; f++)
+        if (strcmp(form, gemm_forms[f]) == 0)
+            g->form = f;
+    if (ok && g->form < 0)
+        ok = fail(error, sub, "form", "forward, input_grad or weight_grad");
+    if (ok)
+        t->n_gemm_shapes = (int)i + 1;
     return ok;
 }
 
@@ -392,8 +390,11 @@ gboolean zp_optable_from_json(void *json, const char *what, ZpOpTable *t, GError
         ok = zp_json_get_number(ew, sub, ew_names[c], TRUE, 1e6, 1e15, &t->ew_bytes_per_s[c],
                                 error);
     g_free(sub);
-    ok = ok && op_times(json_object_get(obj, "ops"), inner, t, error) &&
-         gemm_shapes(json_object_get(obj, "gemm_shapes"), inner, t, error);
+    ok = ok &&
+         object_rows(obj, inner, "ops", ZP_OPTABLE_MAX_OPS, "op, shape, ranks, time_s", op_time,
+                     t, error) &&
+         object_rows(obj, inner, "gemm_shapes", ZP_OPTABLE_MAX_GEMM_SHAPES,
+                     "form, head, m, n, k, time_s", gemm_shape, t, error);
     json_t *copy = json_object_get(obj, "copy");
     sub = g_strdup_printf("%s.copy", inner);
     ok = ok && (!copy || zp_colltab_curve_from_json(copy, sub, &t->copy, error));
