@@ -79,6 +79,9 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
            "rank's experts take %.0f (%s)\n",
            a.tokens, a.routed_tokens, a.received_tokens,
            p->experts.capacity_factor > 0 ? "capacity factor, padded" : "dropless, x skew");
+    if (zp_ep_tp_gather(p) > 1)
+        printf("  its experts compute %.0f, all-gathered over the %d tensor ranks (sequence "
+               "parallel)\n", a.expert_tokens, zp_ep_tp_gather(p));
     printf("  %-44s %9.3f\n", "router probabilities and indices", a.router_bytes / GB);
     printf("  %-44s %9.3f\n", "dispatch buffers (send + receive)", a.dispatch_bytes / GB);
     printf("  %-44s %9.3f\n", "combine buffers (send + receive)", a.combine_bytes / GB);
@@ -393,12 +396,14 @@ void *cli_moe_json(const ZpModel *model, const ZpPlan *plan, const ZpHw *hw)
                                  x.intra_bytes, "inter_bytes", x.inter_bytes, "step_bytes",
                                  x.step_bytes, "step_time_s", x.step_time_s);
     json_object_set_new(alltoall, "time_s", hw ? json_real(x.time_s) : json_null());
-    return json_pack("{s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o}",
+    return json_pack("{s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+                     "s:o}",
                      "ep", zp_plan_ep(plan), "experts", (json_int_t)model->moe.experts,
                      "top_k", (json_int_t)model->moe.top_k, "expert_params_per_rank",
                      s.expert_params, "dense_params_per_rank", s.dense_params, "tokens",
                      a.tokens, "routed_tokens", a.routed_tokens, "received_tokens",
-                     a.received_tokens, "router_bytes", a.router_bytes, "dispatch_bytes",
+                     a.received_tokens, "expert_tokens", a.expert_tokens, "router_bytes",
+                     a.router_bytes, "dispatch_bytes",
                      a.dispatch_bytes, "combine_bytes", a.combine_bytes, "expert_act_bytes",
                      a.expert_act_bytes, "sparse_layer_bytes", a.sparse_layer_bytes, "alltoall",
                      alltoall);

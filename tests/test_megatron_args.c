@@ -194,7 +194,7 @@ static void test_moe(void)
 {
     const ZpModel m = tu_load_model("models/hf/mixtral-8x7b");
     const char *base = "--num-experts 8 --moe-token-dispatcher-type alltoall --moe-grouped-gemm "
-                       "--tensor-model-parallel-size 2 --bf16";
+                       "--tensor-model-parallel-size 2 --sequence-parallel --bf16";
     ZpPlan p;
     char *said;
     char *args = g_strdup_printf("%s --expert-model-parallel-size 4 "
@@ -217,7 +217,13 @@ static void test_moe(void)
         {"--num-experts 8 --moe-token-dispatcher-type alltoall --expert-model-parallel-size 3",
          "--expert-model-parallel-size 3 does not divide the 8 experts"},
         {"--num-experts 8 --expert-model-parallel-size 2",
-         "--moe-token-dispatcher-type allgather (Megatron's default) over EP > 1 is not modeled"},
+         "--moe-token-dispatcher-type allgather (Megatron's default) over TP x EP = 2 is not "
+         "modeled"},
+        {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel",
+         "allgather (Megatron's default) over TP x EP = 2"},
+        {"--num-experts 8 --moe-token-dispatcher-type alltoall --tensor-model-parallel-size 2",
+         "--sequence-parallel: absent, but Megatron-Core trains a mixture of experts with "
+         "--tensor-model-parallel-size > 1 only with it"},
         {"--num-experts 8 --moe-token-dispatcher-type flex", "flex (DeepEP and its kin)"},
         {"--num-experts 8 --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1",
          "--expert-tensor-parallel-size 1: experts split otherwise"},
@@ -262,7 +268,8 @@ static void test_moe(void)
         args = g_strdup_printf("%s --megatron-args %s%s --json", common, path, skew);
         json_t *from_file = tu_zplan_json_fit_or_not(args);
         g_free(args);
-        args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --ep 4 --micro-batch 1 "
+        args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --sequence-parallel "
+                               "--ep 4 --micro-batch 1 "
                                "--grad-accum 4 --precision bf16 --no-overlap --attention flash "
                                "--reduce-dtype fp32 --reduce-bucket-size 40000000%s --json",
                                common, skew);

@@ -735,13 +735,15 @@ static void test_block_kernels(void)
         const ZpModel *model;
         int unit, mp;
         ZpAttention attention;
-    } cases[] = {{&m, 1, 1, ZP_ATTN_FLASH2}, {&m, 1, 2, ZP_ATTN_EAGER},
-                 {&ds, 1, 1, ZP_ATTN_FLASH2}, {&ds, 4, 1, ZP_ATTN_FLASH2},
-                 {&ds, 4, 2, ZP_ATTN_EAGER}};
+        gboolean sp;
+    } cases[] = {{&m, 1, 1, ZP_ATTN_FLASH2, FALSE}, {&m, 1, 2, ZP_ATTN_EAGER, FALSE},
+                 {&m, 1, 2, ZP_ATTN_FLASH2, TRUE},   {&ds, 1, 1, ZP_ATTN_FLASH2, FALSE},
+                 {&ds, 4, 1, ZP_ATTN_FLASH2, FALSE}, {&ds, 4, 2, ZP_ATTN_EAGER, FALSE},
+                 {&ds, 4, 2, ZP_ATTN_EAGER, TRUE}};
     for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
         ZpPlan q = p;
         q.mp = cases[c].mp, q.dp = 8 / cases[c].mp, q.experts.ep = q.dp;
-        q.attention = cases[c].attention;
+        q.attention = cases[c].attention, q.sequence_parallel = cases[c].sp;
         for (int bwd = 0; bwd <= 1; bwd++) {
             double flops = 0, bytes = 0;
             g_assert_true(zp_sched_unit_block_op(cases[c].model, &q, cases[c].unit,
@@ -750,8 +752,8 @@ static void test_block_kernels(void)
             zp_inventory_moe_block(cases[c].model, &q, cases[c].unit, bwd, &list);
             ZpInvTotals tot;
             zp_inventory_totals(&list, &tot);
-            g_test_message("%s unit %d TP %d %s %s: %d kernels, %.6g FLOPs, %.6g B",
-                           cases[c].model->name, cases[c].unit, q.mp,
+            g_test_message("%s unit %d TP %d%s %s %s: %d kernels, %.6g FLOPs, %.6g B",
+                           cases[c].model->name, cases[c].unit, q.mp, q.sequence_parallel ? " SP" : "",
                            zp_attention_name(q.attention), bwd ? "bwd" : "fwd", list.n, flops,
                            bytes);
             g_assert_cmpfloat(fabs(tot.gemm_flops + tot.attention_flops - flops), <=,
@@ -762,6 +764,71 @@ static void test_block_kernels(void)
     ZpModel dense = tu_load_model("hf/llama-3-8b");
     zp_inventory_moe_block(&dense, &p, 1, FALSE, &list);
     g_assert_cmpint(list.n, ==, 0); /* uniform blocks: the framework's inventory */
+}
+
+/* Megatron-Core's experts under sequence parallelism (the only way it trains a mixture of
+ * experts with TP > 1: moe_layer.py MoELayer.forward), on the 2-layer MoE at mp 2, dp 4, EP 2,
+ * micro-batch 2 (b s = 32 tokens), by hand:
+ * - each tensor rank routes its own 16 tokens: 32 copies dispatched, 32 received, an
+ *   all-to-all of 32 x 64 bf16 = 4,096 bytes (8,192 without, each rank routing all 32);
+ * - the expert tensor group all-gathers the two ranks' 32 before the experts and
+ *   reduce-scatters their outputs after: 64 x 64 = 4,096 elements, 8,192 bytes, forward and
+ *   backward (token_dispatcher.py dispatch_postprocess, combine_preprocess);
+ * - so the experts compute 64 tokens either way: 2 x 64 x (64 x 2 x 16 + 16 x 64) = 393,216
+ *   FLOPs forward, the same with and without sequence parallelism;
+ * - a sparse block without shared experts keeps the attention's sum alone (a reduce-scatter
+ *   and an all-gather of b s h = 2,048 elements), where without sequence parallelism it has
+ *   the attention's and the MLP's all-reduces. */
+static void test_sequence_parallel_experts(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    for (int sp = 0; sp <= 1; sp++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 1, 4, 2);
+        p.impl = ZP_IMPL_MEGATRON, p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+        p.experts.ep = 2, p.sequence_parallel = sp;
+        zp_impl_plan_defaults(&p);
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        guint experts = 0, gathers = 0, scatters = 0, sums = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EXPERT_FWD) {
+                experts++;
+                g_assert_cmpfloat(op->flops, ==, 393216);
+            }
+            if (op->kind != ZP_OP_COLLECTIVE)
+                continue;
+            if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
+                g_assert_cmpfloat(op->bytes, ==, sp ? 4096 : 8192);
+            if (op->group != ZP_GROUP_TP || op->unit < 1 || op->unit > 2)
+                continue;
+            if (op->elems == 4096) { /* the expert tensor group's */
+                g_assert_cmpfloat(op->bytes, ==, 8192);
+                gathers += op->sub == ZP_COLL_ALLGATHER;
+                scatters += op->sub == ZP_COLL_REDUCE_SCATTER;
+                continue;
+            }
+            g_assert_cmpuint(op->elems, ==, 2048);
+            if (sp && op->sub == ZP_COLL_ALLGATHER) /* a sum's second half (below) */
+                continue;
+            g_assert_cmpint(op->sub, ==, (sp ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE));
+            sums++;
+            if (sp) /* each reduce-scatter's all-gather follows it */
+                g_assert_cmpint(zp_sched_op(s, i + 1)->sub, ==, ZP_COLL_ALLGATHER);
+        }
+        g_test_message("sequence parallel %d: %u expert ops, %u gathers, %u reduce-scatters, "
+                       "%u block sums", sp, experts, gathers, scatters, sums);
+        g_assert_cmpuint(experts, ==, 2);
+        /* forward and backward, two sparse units */
+        g_assert_cmpuint(gathers, ==, sp ? 4 : 0);
+        g_assert_cmpuint(scatters, ==, sp ? 4 : 0);
+        /* two blocks, forward and backward: one sum each with, two without */
+        g_assert_cmpuint(sums, ==, sp ? 4 : 8);
+        zp_sched_free(s);
+    }
 }
 
 int main(int argc, char **argv)
@@ -780,5 +847,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/expert-grad-reduction", test_expert_grad_reduction);
     g_test_add_func("/moe-sched/block-kernels", test_block_kernels);
     g_test_add_func("/moe-sched/experts-in-ipg-buckets", test_experts_in_ipg_buckets);
+    g_test_add_func("/moe-sched/sequence-parallel-experts", test_sequence_parallel_experts);
     return g_test_run();
 }

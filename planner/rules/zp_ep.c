@@ -76,6 +76,21 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
     } else {
         a->received_tokens = a->routed_tokens * zp_plan_expert_skew(plan);
     }
+    a->expert_tokens = a->received_tokens * zp_ep_tp_gather(plan);
+}
+
+/* With sequence parallelism each of the t tensor ranks routes its own T = b s / t tokens and
+ * all-to-alls them alone; the experts, split t ways as the dense MLP (expert tensor parallelism
+ * at the TP degree), then need every token of the group, so the t ranks' received tokens are
+ * all-gathered over the expert tensor group before the experts and their outputs
+ * reduce-scattered back after (Megatron-Core's token_dispatcher.py
+ * MoEAlltoAllTokenDispatcher.dispatch_postprocess: gather_from_sequence_parallel_region over
+ * expt_tp; combine_preprocess: reduce_scatter_to_sequence_parallel_region, in the probs' dtype,
+ * which moe_utils.py topk_routing_with_score_function casts back to the logits'). Without it
+ * every tensor rank holds the whole sequence and routes all of it: no gather. */
+int zp_ep_tp_gather(const ZpPlan *plan)
+{
+    return plan->sequence_parallel && plan->mp > 1 ? plan->mp : 1;
 }
 
 /* One block's saved activations with the MLP `ffn` wide (0: attention and norms alone). */
@@ -129,12 +144,14 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
      * sharded_moe.py MOELayer.forward: dispatched_input = einsum("sec,sm->ecm") is what
      * _AllToAll sends, its output the same shape). */
     const double sent = plan->experts.capacity_factor > 0 ? a.received_tokens : a.routed_tokens;
-    a.dispatch_bytes = (sent + a.received_tokens) * h * e;
+    const double gathered = zp_ep_tp_gather(plan) > 1 ? a.expert_tokens : 0.0;
+    a.dispatch_bytes = (sent + a.received_tokens + gathered) * h * e;
     a.combine_bytes = a.dispatch_bytes;
     /* The experts' input (fc1's weight gradient) and the gated MLP's gate, up and product (the
-     * dense MLP's 3f of zp_mem_terms, over the received tokens and the expert width split over
-     * the tensor group: Megatron-Core's expert tensor parallelism at the TP degree). */
-    a.expert_act_bytes = a.received_tokens * (h + 3.0 * fe) * e;
+     * dense MLP's 3f of zp_mem_terms, over the tokens the experts compute and the expert width
+     * split over the tensor group: Megatron-Core's expert tensor parallelism at the TP
+     * degree). */
+    a.expert_act_bytes = a.expert_tokens * (h + 3.0 * fe) * e;
     a.combine_act_bytes = a.routed_tokens * h * e;
     const double attention = block_bytes(model, plan, 0) + mla;
     const double shared = model->moe.shared_ffn > 0

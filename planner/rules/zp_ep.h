@@ -39,12 +39,17 @@ typedef struct {
     double tokens;           /* T: tokens a rank routes per micro-batch and sparse layer */
     double routed_tokens;    /* T k: the copies it dispatches */
     double expert_capacity;  /* tokens an expert takes from one rank; 0: dropless */
-    double received_tokens;  /* R: tokens the busiest rank's experts compute */
+    double received_tokens;  /* R: tokens the busiest rank's all-to-all receives */
+    double expert_tokens;    /* tokens its experts compute: R, or t R where the expert tensor
+                              * group gathers what its t ranks received (sequence parallelism
+                              * over t > 1: each rank routed its own T = b s / t) */
     double router_bytes;     /* fp32 router probabilities [T, E] and int64 top-k indices [T, k] */
     double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e, or
-                              * 2 R h e with a capacity factor (the send buffer padded too) */
+                              * 2 R h e with a capacity factor (the send buffer padded too),
+                              * and the tensor group's gather, t R h e, where it gathers */
     double combine_bytes;    /* the combine's, the same sizes the other way */
-    double expert_act_bytes; /* the experts' saved inputs and gated MLP: R (h + 3 f_e / t) e */
+    double expert_act_bytes; /* the experts' saved inputs and gated MLP over the tokens they
+                              * compute: expert_tokens (h + 3 f_e / t) e */
     double combine_act_bytes; /* the expert outputs kept for the routing weights' gradient */
     double sparse_layer_bytes; /* one sparse layer's saved activations: attention, shared
                                 * experts, router, experts, combine */
@@ -52,6 +57,10 @@ typedef struct {
                                 * latent attention's own tensors where the model has it) */
     double activations_bytes;  /* every layer's, kept for backward (no checkpointing) */
 } ZpEpActivations;
+
+/* t where the expert tensor group all-gathers what its ranks received before the experts (and
+ * reduce-scatters their outputs after): sequence parallelism over t > 1 tensor ranks; else 1. */
+int zp_ep_tp_gather(const ZpPlan *plan);
 
 /* A plan's sparse-layer tokens, buffers and activations per rank (16-bit activations in the
  * plan's precision; T = b s, over t with sequence parallelism). */

@@ -20,8 +20,9 @@
 #define BLOCK "zp_build_moe.c block_forward (the block's own widths)"
 #define UNPERMUTE "megatron/core/transformer/moe/moe_utils.py unpermute"
 
-/* The routed experts over the R tokens this rank's E/EP experts received (the busiest rank's,
- * zp_ep_activations), R / (E/EP) each: fc1 [h, f1_e / t] and fc2 [f_e / t, h] as grouped GEMMs
+/* The routed experts over the R tokens this rank's E/EP experts compute (the busiest rank's,
+ * zp_ep_activations expert_tokens: received, and gathered over the expert tensor group under
+ * sequence parallelism), R / (E/EP) each: fc1 [h, f1_e / t] and fc2 [f_e / t, h] as grouped GEMMs
  * of E/EP problems, the gated activation between them (3 R f_e / t elements moved, 2 plain);
  * backward the data and weight gradients of each and the activation's backward (5, or 3). */
 static void experts(const ZpModel *model, const ZpPlan *plan, gboolean backward, ZpInvList *out)
@@ -31,7 +32,7 @@ static void experts(const ZpModel *model, const ZpPlan *plan, gboolean backward,
     const gboolean gated = zp_model_gated(model);
     const double f = (double)model->moe.expert_ffn / plan->mp, f1 = gated ? 2 * f : f;
     const double local = (double)(model->moe.experts / zp_plan_ep(plan));
-    const double m = a.received_tokens / local, R = a.received_tokens;
+    const double m = a.expert_tokens / local, R = a.expert_tokens;
     if (!backward) {
         zp_inv_gemm(out, "experts.fc1", local, m, f1, h, e, e, GROUPED);
         zp_inv_mem(out, gated ? "experts.swiglu" : "experts.activation", (gated ? 2 : 1) * R * f * e,
@@ -133,13 +134,16 @@ static void block_forward(const ZpModel *model, const ZpPlan *plan, int unit, Zp
         gemm(out, sparse ? "shared_experts.fc2" : "fc2", T, h, f, e);
     }
     if (sparse) {
-        /* The router is whole on every tensor rank (TopKRouter is not split), its logits
-         * [T, E]; softmax and top-k read them and write the probabilities (the scores kept
-         * for the combine); permute reads the T tokens and writes their T k copies. */
+        /* The router is whole on every tensor rank (TopKRouter is not split), over the rank's
+         * own tokens (T_r: the sequence's t-th with sequence parallelism, d.t_norm), its
+         * logits [T_r, E]; softmax and top-k read them and write the probabilities (the
+         * scores kept for the combine); permute reads the T_r tokens and writes their T_r k
+         * copies. */
         const double E = (double)model->moe.experts, k = (double)model->moe.top_k;
-        zp_inv_gemm(out, "router", 1, T, E, h, e, e, ROUTER);
-        zp_inv_mem(out, "router.softmax_topk", T * E * e, T * E * e, TOPK);
-        zp_inv_mem(out, "permute", T * h * e, T * k * h * e, PERMUTE);
+        const double Tr = d.t_norm;
+        zp_inv_gemm(out, "router", 1, Tr, E, h, e, e, ROUTER);
+        zp_inv_mem(out, "router.softmax_topk", Tr * E * e, Tr * E * e, TOPK);
+        zp_inv_mem(out, "permute", Tr * h * e, Tr * k * h * e, PERMUTE);
     }
     zp_inv_mem(out, "residual_add", 2 * th, th, BLOCK);
 }

@@ -386,13 +386,20 @@ void zp_build_free_gathers(Builder *b, int key, int micro);
 ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s);
 /* `sums` tensor-parallel sums after the last compute op, which the next compute op waits for. */
 void zp_build_tp_sums(Builder *b, int unit, int micro, int sums);
-/* The sums after a whole block's op (0 without tensor parallelism): Megatron's two
+/* Whether unit's MLP ends in a tensor-parallel sum (zp_build_moe.c): a dense block's does,
+ * and a sparse block's unless sequence parallelism leaves it only the experts, whose outputs
+ * the expert tensor group reduce-scatters itself (zp_ep_tp_gather). */
+gboolean zp_build_moe_mlp_sums(const ZpSchedule *s, int unit);
+/* The sums after a whole block's op at unit (0 without tensor parallelism): Megatron's two
  * all-reduces of a block, after the row-parallel attention projection and MLP output in
  * forward (and recompute), of the column-parallel qkv's and fc1's input gradients in
- * backward. Inline: asked once a block op (Megatron 1T: 27,648 calls, 0.17 M instructions). */
-static inline int zp_build_block_tp_sums(const Builder *b)
+ * backward; the attention's alone where the MLP has none (zp_build_moe_mlp_sums). Inline:
+ * asked once a block op (Megatron 1T: 27,648 calls, 0.17 M instructions). */
+static inline int zp_build_block_tp_sums(const Builder *b, int unit)
 {
-    return b->s->plan.mp > 1 ? 2 : 0;
+    if (b->s->plan.mp == 1)
+        return 0;
+    return b->varied_blocks && !zp_build_moe_mlp_sums(b->s, unit) ? 1 : 2;
 }
 void zp_build_vocab_parallel_head(Builder *b, int micro);
 

@@ -519,7 +519,7 @@ gboolean zp_build_emit_block_backward(Builder *b, int unit, int micro, const Cos
                                       int ckpt)
 {
     const ZpTpSum *t = &b->tp_sum;
-    const int sums = zp_build_block_tp_sums(b);
+    const int sums = zp_build_block_tp_sums(b, unit);
     const guint n_tp = (guint)(t->n * sums);
     Run r;
     if (!run_open(b, &r, 2 + n_tp + (core >= 0) + (ckpt >= 0),

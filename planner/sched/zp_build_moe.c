@@ -107,6 +107,16 @@ double zp_build_moe_optimizer_elems(const ZpSchedule *s)
     return (double)(s->plan.zero.stage == 0 ? x.total_elems : x.partition_elems);
 }
 
+gboolean zp_build_moe_mlp_sums(const ZpSchedule *s, int unit)
+{
+    /* A sparse block's shared experts are a tensor-parallel MLP of their own (Megatron-Core's
+     * SharedExpertMLP: its fc1 gathers the sequence, its fc2 reduce-scatters it); its routed
+     * experts' outputs, without sequence parallelism summed with theirs over the tensor
+     * group, are otherwise reduce-scattered by the expert tensor group (tp_gather). */
+    return !zp_build_moe_sparse(s, unit) || zp_ep_tp_gather(&s->plan) == 1 ||
+           s->model.moe.shared_ffn > 0;
+}
+
 /* ---- a block's cost by its own widths ------------------------------------------------- */
 
 /* A block's forward on this rank, T = b s tokens, t the tensor degree:
@@ -118,12 +128,13 @@ double zp_build_moe_optimizer_elems(const ZpSchedule *s)
  * - core attention: 4 b s^2 a d / t, or with latent attention 2 b s^2 H (d_qk + d_v) / t (scores
  *   over d_qk = d_nope + d_rope, values over d_v: H d_qk is not h there);
  * - the MLP: the dense one's 2T(h f1 + f h)/t, or a sparse block's shared experts at their
- *   width and the router's 2 T h E (whole: Megatron-Core's TopKRouter is not split);
+ *   width and the router's 2 T_r h E (whole: Megatron-Core's TopKRouter is not split, over
+ *   the rank's T_r tokens, T / t with sequence parallelism);
  * - elementwise reads and writes: norms and residual adds 10 T h, the activation 3 T f / t gated
  *   (2 plain), the eager softmax 2 b a s^2 / t, latent attention's two latent RMSNorms
- *   2T (r_q + r_kv), and a sparse block's router softmax and top-k (2 T E) and the permutation
- *   of its T k token copies into expert order (token_dispatcher.py permute: read T h, write
- *   T k h).
+ *   2T (r_q + r_kv), and a sparse block's router softmax and top-k (2 T_r E) and the
+ *   permutation of its T_r k token copies into expert order (token_dispatcher.py permute: read
+ *   T_r h, write T_r k h).
  * The typical GEMM is their mean. */
 static Cost block_forward(const ZpSchedule *s, int unit)
 {
@@ -160,11 +171,13 @@ static Cost block_forward(const ZpSchedule *s, int unit)
         gemms += gated ? 3 : 2;
         ew += (gated ? 3 : 2) * T * f / t;
     }
-    if (sparse) {
+    if (sparse) { /* over the rank's own tokens: the sequence's t-th with sequence parallelism
+                   * (MoELayer routes its input, [s/t, b, h]), else all of it on every rank */
         const double E = (double)m->moe.experts, k = (double)m->moe.top_k;
-        gemm += 2 * T * h * E;
+        const double Tr = s->plan.sequence_parallel ? T / t : T;
+        gemm += 2 * Tr * h * E;
         gemms += 1;
-        ew += 2 * T * E + (T + T * k) * h;
+        ew += 2 * Tr * E + (Tr + Tr * k) * h;
     }
     ew += 10 * T * h / (s->plan.sequence_parallel ? t : 1);
     if (!fused)
@@ -200,16 +213,18 @@ double zp_build_unit_act_bytes(const Builder *b, int unit, double uniform)
 
 /* ---- a sparse block's experts ---------------------------------------------------------- */
 
-/* The routed experts over R received tokens (the busiest rank's, zp_ep_activations), E/EP
- * experts on this rank, each a gated MLP f_e / t wide: 2 R (h f1 + f h) FLOPs, the typical GEMM
- * one expert's projection over its R / (E/EP) tokens; the activation's 3 R f_e / t reads and
- * writes gated (2 plain), its backward's 5 (3), as the dense MLP's kernels (zp_cost_kernels). */
+/* The routed experts over the R tokens they compute (the busiest rank's, zp_ep_activations
+ * expert_tokens: what its all-to-all received, gathered over the expert tensor group under
+ * sequence parallelism), E/EP experts on this rank, each a gated MLP f_e / t wide:
+ * 2 R (h f1 + f h) FLOPs, the typical GEMM one expert's projection over its R / (E/EP) tokens;
+ * the activation's 3 R f_e / t reads and writes gated (2 plain), its backward's 5 (3), as the
+ * dense MLP's kernels (zp_cost_kernels). */
 static Cost expert_cost(const Builder *b, gboolean backward)
 {
     const ZpSchedule *s = b->s;
     const ZpModel *m = &s->model;
     const gboolean gated = zp_model_gated(m);
-    const double R = b->moe.received_tokens, h = (double)m->hidden;
+    const double R = b->moe.expert_tokens, h = (double)m->hidden;
     const double f = (double)m->moe.expert_ffn / s->plan.mp;
     const double local = (double)(m->moe.experts / zp_plan_ep(&s->plan));
     const double flops = 2 * R * (h * (gated ? 2 : 1) * f + f * h);
@@ -272,6 +287,19 @@ static uint32_t alltoall(Builder *b, ZpCollKind kind, int unit, int micro, uint3
                                     elems * s->elem_bytes, deps, 2);
 }
 
+/* The expert tensor group's all-gather of what its t ranks received, or the reduce-scatter of
+ * the experts' outputs back (zp_ep_tp_gather; none without sequence parallelism over t > 1):
+ * t R h elements in the model's dtype, on the tensor-parallel stream after `after`. */
+static uint32_t tp_gather(Builder *b, ZpCollKind kind, int unit, int micro, uint32_t after)
+{
+    const ZpSchedule *s = b->s;
+    if (zp_ep_tp_gather(&s->plan) == 1)
+        return after;
+    const double elems = b->moe.expert_tokens * (double)s->model.hidden;
+    return zp_build_emit_collective(b, kind, ZP_GROUP_TP, unit, micro, -1, 0, (uint64_t)elems,
+                                    elems * s->elem_bytes, &after, 1);
+}
+
 void zp_build_moe_forward(Builder *b, int unit, int micro)
 {
     if (!zp_build_moe_sparse(b->s, unit))
@@ -282,7 +310,8 @@ void zp_build_moe_forward(Builder *b, int unit, int micro)
     const uint32_t block = b->last_compute;
     uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &sent,
                                          &block, 1);
-    const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, block, alloc);
+    const uint32_t in = tp_gather(b, ZP_COLL_ALLGATHER, unit, micro,
+                                  alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, block, alloc));
     /* The experts write their outputs into the combine's send buffer, so it is taken before
      * them and the dispatch's freed after (zreal's experts read one and write the other:
      * real_engine_moe; DeepSpeed's expert_output is allocated while dispatched_input lives). */
@@ -294,7 +323,9 @@ void zp_build_moe_forward(Builder *b, int unit, int micro)
     release_experts(b, unit, micro, gathered, expert);
     zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, sent, expert);
     alloc = out;
-    const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, alloc);
+    const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
+                                   tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert),
+                                   alloc);
     const uint32_t deps2[2] = {back, alloc};
     const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
                                                   unpermute_cost(b, FALSE), deps2, 2);
@@ -314,7 +345,8 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
                                          &before, 1);
     const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
                                                   unpermute_cost(b, TRUE), &alloc, 1);
-    const uint32_t in = alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, unperm, alloc);
+    const uint32_t in = tp_gather(b, ZP_COLL_ALLGATHER, unit, micro,
+                                  alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, unperm, alloc));
     /* As in forward: the experts' input gradients go into the combine's buffer, taken first. */
     const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
                                              &returned, &in, 1);
@@ -355,7 +387,8 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
                                                   expert_cost(b, TRUE), deps, 4);
     release_experts(b, unit, micro, gathered, expert);
     zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
-    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro, expert, out);
+    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
+             tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert), out);
     if (reduced) {
         const uint32_t r = zp_build_emit_collective(
             b, zp_impl_expert_grad_collective(&s->plan), ZP_GROUP_EDP, unit, micro, bucket,

@@ -118,7 +118,7 @@ static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int 
         if (launched)
             zp_build_hand_on(b, l, -1, micro, deps);
         zp_build_emit_block_op(b, kind, l, micro, &cost, (uint32_t *)deps->data, deps->len,
-                               zp_build_block_tp_sums(b));
+                               zp_build_block_tp_sums(b, l));
         return;
     }
     Cost parts[ZP_MOD_N];
@@ -137,7 +137,8 @@ static void block_compute(Builder *b, ZpComputeKind kind, int l, int micro, int 
             zp_build_emit_compute(b, kind, l, micro, parts[m], (uint32_t *)deps->data, deps->len);
         b->module_step = -1;
         g_array_index(b->s->ops, ZpOp, op).module = (uint8_t)(m + 1);
-        if (b->s->plan.mp > 1 && module_sums(m, backward))
+        if (b->s->plan.mp > 1 && module_sums(m, backward) &&
+            (m == ZP_MOD_PROJ || m == ZP_MOD_QKV || zp_build_moe_mlp_sums(b->s, l)))
             zp_build_tp_sums(b, l, micro, 1);
         if (launched)
             zp_build_launch_buckets(b, l, m, micro, launched);
@@ -177,7 +178,7 @@ void zp_build_forward(Builder *b, int micro, Activations *a, GArray *deps, Range
                     ckpt ? ZP_MEM_CHECKPOINTS : ZP_MEM_ACTIVATIONS,
                     ckpt ? a->rule.gpu_bytes : a->act_bytes,
                     zp_build_act_slot(b, ckpt ? a->ckpt : a->act, micro, l), &cost,
-                    zp_build_block_tp_sums(b))) {
+                    zp_build_block_tp_sums(b, l))) {
                 position_end(b, zp_pos_fwd(l), micro);
                 continue;
             }
@@ -307,7 +308,7 @@ void zp_build_backward(Builder *b, int micro, gboolean reduce, Activations *a, G
         if (ckpt && direct) {
             const Cost cost = block_cost(b, l, ZP_COMP_BLOCK_FWD);
             written = zp_build_emit_block_kept(b, ZP_COMP_RECOMPUTE, l, micro, ZP_MEM_ACTIVATIONS,
-                                               act_bytes, act, &cost, zp_build_block_tp_sums(b));
+                                               act_bytes, act, &cost, zp_build_block_tp_sums(b, l));
         }
         if (ckpt && !written) {
             zp_build_checkpoint_boundary(b);

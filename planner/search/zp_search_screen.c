@@ -2,6 +2,7 @@
  * the rules, and a lower bound of its simulated step from its exact compute and collectives. */
 #include "zp_search_screen.h"
 #include "zp_cost.h"
+#include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
 #include "zp_offload.h"
@@ -263,16 +264,20 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
     const double chunks = accum * zp_plan_vstages(plan), bubble = (chunks + P - 1) / chunks;
 
     /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute, each
-     * tp_allreduce_s. Those after a block's backward run beside the gradient reductions
-     * launched there (another stream), so only the rest add to them. */
+     * tp_allreduce_s; one in a sparse block whose MLP has none (zp_build_moe_mlp_sums: its
+     * experts' tensor-group gather and reduce-scatter, not counted here, only add). Those
+     * after a block's backward run beside the gradient reductions launched there (another
+     * stream), so only the rest add to them. */
     double kind[ZP_COMP_N], each_s;
     const double all_s = compute_s(sc, plan, kind, &each_s);
     double tp_s = 0, tp_bwd_s = 0;
     if (plan->mp > 1) {
-        const double per_block = plan->checkpoint ? 6.0 : 4.0;
-        const double one_s = accum * L * each_s; /* one all-reduce a block */
-        tp_s = (per_block - 2.0) * one_s;
-        tp_bwd_s = 2.0 * one_s;
+        const gboolean mlp_sums = zp_ep_tp_gather(plan) == 1 || m->moe.shared_ffn > 0;
+        const double sums =
+            2.0 * L - (mlp_sums ? 0.0 : (double)zp_moe_sparse_layers(&m->moe, m->layers));
+        const double one_s = accum * sums * each_s; /* a pass's sums over the blocks */
+        tp_s = (plan->checkpoint ? 2.0 : 1.0) * one_s;
+        tp_bwd_s = one_s;
     }
 
     /* Data-parallel volumes per rank, from the unpadded psi (padding only adds): gradients

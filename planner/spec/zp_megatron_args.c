@@ -279,8 +279,10 @@ static gboolean degrees(const char *what, const ZpModel *model, int gpus, const 
  * --moe-router-topk and makes every layer sparse without --moe-layer-freq (1); its experts
  * split over the dense layers' TP unless --expert-tensor-parallel-size says otherwise
  * (model_parallel_config.py), which zplan's experts do (zp_ep); EP is taken from the
- * data-parallel ranks; its default dispatcher all-gathers the tokens over the EP group
- * (allgather), where zplan times the all-to-all's grouped send/recv. */
+ * data-parallel ranks; its default dispatcher all-gathers the tokens over the TP x EP group
+ * (allgather), where zplan times the all-to-all's grouped send/recv and the expert tensor
+ * group's gather (alltoall; the two are alike at TP 1 and EP 1, where neither communicates);
+ * with TP > 1 it needs sequence parallelism (moe_layer.py MoELayer.forward). */
 static char *moe_contradiction(const ZpModel *model, const Args *a, int dp)
 {
     const ZpMoe *moe = &model->moe;
@@ -314,9 +316,13 @@ static char *moe_contradiction(const ZpModel *model, const Args *a, int dp)
                                moe->experts, dp);
     if (a->dispatcher == 2)
         return g_strdup("--moe-token-dispatcher-type flex (DeepEP and its kin) is not modeled");
-    if (a->dispatcher == 0 && a->ep > 1)
-        return g_strdup("--moe-token-dispatcher-type allgather (Megatron's default) over EP > 1 "
-                        "is not modeled: zplan times the all-to-all (alltoall)");
+    if (a->dispatcher == 0 && (a->ep > 1 || a->tp > 1))
+        return g_strdup_printf("--moe-token-dispatcher-type allgather (Megatron's default) over "
+                               "TP x EP = %.0f is not modeled: zplan times the all-to-all "
+                               "(alltoall)", a->tp * a->ep);
+    if (a->tp > 1 && !a->sp) /* moe_layer.py MoELayer.forward raises in training */
+        return g_strdup("--sequence-parallel: absent, but Megatron-Core trains a mixture of "
+                        "experts with --tensor-model-parallel-size > 1 only with it");
     return NULL;
 }
 
