@@ -254,8 +254,10 @@ static gboolean write_html(const ZpSearchSpec *spec, const GArray *c, int top_k,
     for (int i = 0; i < n; i++) {
         const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
         const ZpPlan *p = &x->plan;
-        whats[i] = g_strdup_printf("stage %d, EP %d x TP %d x PP %d, micro %d x accum %d, %s%s",
-                                   p->zero.stage, zp_plan_ep(p), p->mp, zp_plan_pp(p),
+        whats[i] = g_strdup_printf("stage %d, EP %d x TP %d%s x PP %d, micro %d x accum %d, "
+                                   "%s%s",
+                                   p->zero.stage, zp_plan_ep(p), p->mp,
+                                   p->sequence_parallel ? " (SP)" : "", zp_plan_pp(p),
                                    p->micro_batch, p->grad_accum,
                                    p->checkpoint             ? "ckpt"
                                    : p->selective_recompute ? "selective"
@@ -344,10 +346,13 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
            "experts); the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
            "reduced over DP, expert gradients over DP/EP; pipelines (1F1B, uniform split, with\n"
            "--global-batch) by their busiest stage and bubble. %u plans, the best and each EP\n"
-           "and PP degree's best few, then simulated: their step, memory and all-to-all are their schedules'.\n\n",
+           "and PP degree's best few, then simulated: their step, memory and all-to-all are their schedules'.\n%s\n",
            m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
            MAX(experts->skew, 1.0),
-           experts->capacity_factor > 0 ? "capacity factor" : "dropless", timed);
+           experts->capacity_factor > 0 ? "capacity factor" : "dropless", timed,
+           spec->impl == ZP_IMPL_MEGATRON ? "TP > 1 runs with sequence parallelism, as "
+                                            "Megatron-Core trains a mixture of experts.\n"
+                                          : "");
     print_header();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)
         print_candidate((int)i + 1, &g_array_index(c, ZpMoeCandidate, i));

@@ -588,6 +588,22 @@ static void test_search_mixtral(void)
     }
     g_array_unref(skewed);
     g_array_unref(c);
+    /* Under Megatron every TP > 1 plan runs with sequence parallelism (MoELayer.forward
+     * refuses to train without it); DeepSpeed's plans have none. */
+    for (int megatron = 0; megatron <= 1; megatron++) {
+        spec.impl = megatron ? ZP_IMPL_MEGATRON : ZP_IMPL_DEEPSPEED;
+        GArray *e = zp_moe_search_run(&spec, 1.0, 0.0, &error);
+        g_assert_no_error(error);
+        guint split = 0;
+        for (guint i = 0; i < e->len; i++) {
+            const ZpPlan *p = &g_array_index(e, ZpMoeCandidate, i).plan;
+            g_assert_cmpint(p->sequence_parallel, ==, megatron && p->mp > 1);
+            split += p->mp > 1;
+        }
+        g_assert_cmpuint(split, >, 0);
+        g_array_unref(e);
+    }
+    spec.impl = ZP_IMPL_DEEPSPEED;
     /* Latent attention is timed by its own projections (DeepSeek-V3 gets a step), a dense
      * model is refused in one line. */
     ZpModel ds;

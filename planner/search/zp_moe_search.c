@@ -248,6 +248,9 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
             zp_search_plan_base(spec, stage, dp, mp, &base);
             base.gpus_per_node = node;
             base.pipe = pipe;
+            /* Megatron-Core trains a mixture of experts over TP > 1 only with sequence
+             * parallelism (moe_layer.py MoELayer.forward raises without it). */
+            base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
             base.experts = (ZpExpertConfig){ep, capacity_factor, skew};
             add_micro(spec, &base, out);
         }
