@@ -60,21 +60,37 @@ static int64_t group_nodes(int64_t ranks, int64_t stride, int gpus_per_node)
     return span <= gpus_per_node ? 1 : MIN(ranks, (span + gpus_per_node - 1) / gpus_per_node);
 }
 
+/* Whether all, some or no neighbouring stages share a node when stage k sits at +stride k. */
+static const char *neighbours_on_node(int64_t stride, int P, int gpus_per_node)
+{
+    return stride * P <= gpus_per_node ? "all" : stride >= gpus_per_node ? "no" : "some";
+}
+
 void cli_pipe_print_placement(const ZpPlan *plan, const ZpHw *hw)
 {
     const int P = zp_plan_pp(plan), gpn = hw->gpus_per_node;
     const int64_t tp_nodes = group_nodes(plan->mp, 1, gpn);
     const int64_t dp_nodes = group_nodes(plan->dp, (int64_t)plan->mp * P, gpn);
     printf("Placement: TP innermost (ranks r..r+%d), then PP (stage k at +%d k), then DP "
-           "(Megatron's order); a TP group spans %" G_GINT64_FORMAT " node(s)%s, a DP group %"
-           G_GINT64_FORMAT,
+           "(Megatron-Core's --use-tp-pp-dp-mapping order); a TP group spans %" G_GINT64_FORMAT
+           " node(s)%s, a DP group %" G_GINT64_FORMAT,
            plan->mp - 1, plan->mp, tp_nodes,
            tp_nodes > 1 ? " (its all-reduces cross the NIC)" : "", dp_nodes);
     if (P > 1)
         printf(", and %s stage neighbours sit on one node.\n",
-               (int64_t)plan->mp * P <= gpn ? "all" : plan->mp >= gpn ? "no" : "some");
+               neighbours_on_node(plan->mp, P, gpn));
     else
         printf(".\n");
+    /* Megatron-Core's default order is tp-cp-ep-dp-pp (parallel_state.py
+     * initialize_model_parallel), DeepSpeed's pipeline topology the same
+     * (PipeModelDataParallelTopology: axes pipe, data, model): DP inside PP. The two differ
+     * only where a node holds more than one DP or PP rank of a TP group's place. */
+    if (P > 1 && plan->dp > 1 && plan->mp < gpn)
+        printf("  Not modeled: Megatron-Core's default order (tp-cp-ep-dp-pp, parallel_state.py) "
+               "and DeepSpeed's PipeModelDataParallelTopology put DP inside PP, where a DP "
+               "group spans %" G_GINT64_FORMAT " node(s) and %s stage neighbours share one.\n",
+               group_nodes(plan->dp, plan->mp, gpn),
+               neighbours_on_node((int64_t)plan->mp * plan->dp, P, gpn));
 }
 
 void cli_pipe_print_stages(const SimResult *r)

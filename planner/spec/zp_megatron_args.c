@@ -10,7 +10,7 @@
 typedef struct {
     double tp, pp, vpp, layers_per_vstage, micro, global, bucket, cp, recompute_layers;
     gboolean sp, dist_opt, overlap_grad, overlap_param, bf16, fp16, fp32_grads, bf16_grads;
-    gboolean flash, unfused, no_overlap_p2p;
+    gboolean flash, unfused, no_overlap_p2p, tp_pp_dp;
     gboolean selective, full, uniform, sgd;
     /* Megatron-Core's mixture of experts (transformer_config.py, model_parallel_config.py):
      * experts 0 when --num-experts is absent, etp 0 when --expert-tensor-parallel-size is
@@ -105,6 +105,9 @@ static const ArgRule rules[] = {
     /* arguments.py: batch_p2p_comm = not overlap_p2p_comm, and batch_p2p_sync's default
      * synchronizes the device after each batch (p2p_communication.py _communicate) */
     SW("--no-overlap-p2p-communication", no_overlap_p2p),
+    /* initialize.py: order tp-cp-ep-pp-dp, the placement zplan models (cli_pipe_print_placement
+     * says where Megatron's default tp-cp-ep-dp-pp differs) */
+    SW("--use-tp-pp-dp-mapping", tp_pp_dp),
     REFUSE("--cpu-offloading", "activation offload is not modeled"),
 };
 
