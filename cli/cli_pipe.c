@@ -1,5 +1,5 @@
-/* cli_pipe: the pipeline and sequence-parallel flags, and what simulate prints of the stages
- * and of where Megatron's rank order puts each group. */
+/* cli_pipe: the pipeline, sequence-parallel and rank-order flags, and what simulate prints of
+ * the stages and of where the plan's rank order puts each group. */
 #include "cli_pipe.h"
 #include "cli.h"
 #include "zp_pipe.h"
@@ -28,6 +28,8 @@ gboolean cli_pipe_plan(const CliPipeFlags *f, int pp, ZpPlan *plan, GError **err
     plan->pipe.stages = pp;
     plan->sequence_parallel = f->sequence_parallel;
     if (!cli_int(f->virtual_stages, "--virtual-stages", 1, 65535, 1, &v, error) ||
+        (f->rank_order &&
+         !zp_rank_order_parse(f->rank_order, "--rank-order", &plan->rank_order, error)) ||
         (f->schedule &&
          !zp_pipe_schedule_parse(f->schedule, "--pp-schedule", &plan->pipe.schedule, error)) ||
         (f->partition &&
@@ -50,7 +52,8 @@ gboolean cli_pipe_plan(const CliPipeFlags *f, int pp, ZpPlan *plan, GError **err
 
 gboolean cli_pipe_given(const CliPipeFlags *f)
 {
-    return f->pp || f->schedule || f->virtual_stages || f->partition || f->sequence_parallel;
+    return f->pp || f->schedule || f->virtual_stages || f->partition || f->sequence_parallel ||
+           f->rank_order;
 }
 
 /* Nodes a group of `ranks` members `stride` ranks apart spans (consecutive ranks fill a node). */
@@ -69,28 +72,23 @@ static const char *neighbours_on_node(int64_t stride, int P, int gpus_per_node)
 void cli_pipe_print_placement(const ZpPlan *plan, const ZpHw *hw)
 {
     const int P = zp_plan_pp(plan), gpn = hw->gpus_per_node;
+    const gboolean dp_inside = plan->rank_order == ZP_ORDER_TP_DP_PP;
+    const int64_t dp_apart = zp_plan_placed_dp_stride(plan);
+    const int64_t pp_apart = zp_plan_placed_pp_stride(plan);
     const int64_t tp_nodes = group_nodes(plan->mp, 1, gpn);
-    const int64_t dp_nodes = group_nodes(plan->dp, (int64_t)plan->mp * P, gpn);
-    printf("Placement: TP innermost (ranks r..r+%d), then PP (stage k at +%d k), then DP "
-           "(Megatron-Core's --use-tp-pp-dp-mapping order); a TP group spans %" G_GINT64_FORMAT
+    const int64_t dp_nodes = group_nodes(plan->dp, dp_apart, gpn);
+    printf("Placement: %s (TP innermost, ranks r..r+%d; %s), a TP group spans %" G_GINT64_FORMAT
            " node(s)%s, a DP group %" G_GINT64_FORMAT,
-           plan->mp - 1, plan->mp, tp_nodes,
-           tp_nodes > 1 ? " (its all-reduces cross the NIC)" : "", dp_nodes);
+           zp_rank_order_name(plan->rank_order), plan->mp - 1,
+           dp_inside ? "Megatron-Core's default and DeepSpeed's pipeline topology"
+                     : "Megatron-Core's --use-tp-pp-dp-mapping",
+           tp_nodes, tp_nodes > 1 ? " (its all-reduces cross the NIC)" : "", dp_nodes);
     if (P > 1)
-        printf(", and %s stage neighbours sit on one node.\n",
-               neighbours_on_node(plan->mp, P, gpn));
+        printf(" (its ranks %" G_GINT64_FORMAT " apart), and %s stage neighbours (%" G_GINT64_FORMAT
+               " ranks apart) sit on one node.\n",
+               dp_apart, neighbours_on_node(pp_apart, P, gpn), pp_apart);
     else
         printf(".\n");
-    /* Megatron-Core's default order is tp-cp-ep-dp-pp (parallel_state.py
-     * initialize_model_parallel), DeepSpeed's pipeline topology the same
-     * (PipeModelDataParallelTopology: axes pipe, data, model): DP inside PP. The two differ
-     * only where a node holds more than one DP or PP rank of a TP group's place. */
-    if (P > 1 && plan->dp > 1 && plan->mp < gpn)
-        printf("  Not modeled: Megatron-Core's default order (tp-cp-ep-dp-pp, parallel_state.py) "
-               "and DeepSpeed's PipeModelDataParallelTopology put DP inside PP, where a DP "
-               "group spans %" G_GINT64_FORMAT " node(s) and %s stage neighbours share one.\n",
-               group_nodes(plan->dp, plan->mp, gpn),
-               neighbours_on_node((int64_t)plan->mp * plan->dp, P, gpn));
 }
 
 void cli_pipe_print_stages(const SimResult *r)
@@ -150,7 +148,10 @@ void cli_pipe_json(json_t *root, const ZpPlan *plan, const SimResult *r)
     json_object_set_new(root, "pp_schedule",
                         json_string(zp_pipe_schedule_name(plan->pipe.schedule)));
     json_object_set_new(root, "sequence_parallel", json_boolean(plan->sequence_parallel));
-    json_object_set_new(root, "placement", json_string("tp, pp, dp (tp fastest)"));
+    json_object_set_new(root, "placement",
+                        json_string(plan->rank_order == ZP_ORDER_TP_DP_PP
+                                        ? "tp, dp, pp (tp fastest)"
+                                        : "tp, pp, dp (tp fastest)"));
     json_object_set_new(root, "flush_s", json_real(r->flush_s));
     json_object_set_new(root, "stages", stages);
 }
@@ -161,4 +162,5 @@ void cli_pipe_free(CliPipeFlags *f)
     g_free(f->schedule);
     g_free(f->virtual_stages);
     g_free(f->partition);
+    g_free(f->rank_order);
 }

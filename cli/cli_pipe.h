@@ -11,11 +11,11 @@
 #include <jansson.h>
 
 typedef struct {
-    char *pp, *schedule, *virtual_stages, *partition;
+    char *pp, *schedule, *virtual_stages, *partition, *rank_order;
     gboolean sequence_parallel;
 } CliPipeFlags;
 
-/* The flags' entries (5 and the NULL end) for a GOption table. */
+/* The flags' entries (6 and the NULL end) for a GOption table. */
 #define CLI_PIPE_ENTRIES(f)                                                                      \
     {"pp", 0, 0, G_OPTION_ARG_STRING, &(f)->pp,                                                  \
      "Pipeline-parallel stages P (default 1); DP = gpus / (MP x P)", "P"},                        \
@@ -26,21 +26,24 @@ typedef struct {
         {"partition-method", 0, 0, G_OPTION_ARG_STRING, &(f)->partition,                        \
          "Layers over stages: uniform (default) or parameters (DeepSpeed's)", "M"},             \
         {"sequence-parallel", 0, 0, G_OPTION_ARG_NONE, &(f)->sequence_parallel,                 \
-         "Megatron's sequence parallelism over the tensor-parallel group", NULL}
+         "Megatron's sequence parallelism over the tensor-parallel group", NULL},               \
+        {"rank-order", 0, 0, G_OPTION_ARG_STRING, &(f)->rank_order,                             \
+         "Where ranks sit, fastest first: tp-dp-pp (default: Megatron-Core's and DeepSpeed's) "  \
+         "or tp-pp-dp (Megatron-Core's --use-tp-pp-dp-mapping)", "O"}
 
 /* Pipeline stages from --pp (1 when absent); fails naming --pp when it is not a whole number
  * from 1 to 65535 or mp x pp does not divide gpus. */
 gboolean cli_pipe_stages(const CliPipeFlags *f, int64_t gpus, int mp, int *pp, GError **error);
 
-/* Fills plan->pipe and plan->sequence_parallel from the flags (after cli_pipe_stages);
- * fails naming the flag. */
+/* Fills plan->pipe, plan->sequence_parallel and plan->rank_order from the flags (after
+ * cli_pipe_stages); fails naming the flag. */
 gboolean cli_pipe_plan(const CliPipeFlags *f, int pp, ZpPlan *plan, GError **error);
 
 /* Whether any of the flags was given. */
 gboolean cli_pipe_given(const CliPipeFlags *f);
 
-/* One line on where the ranks sit: TP innermost, then PP, then DP (Megatron's order), and
- * which of the groups leave a node. */
+/* One line on where the ranks sit (the plan's ZpRankOrder) and which of the groups leave a
+ * node. */
 void cli_pipe_print_placement(const ZpPlan *plan, const ZpHw *hw);
 
 /* With pipeline stages, a line per stage: peak memory, compute, bubble, bytes sent. */

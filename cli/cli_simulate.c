@@ -141,6 +141,8 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--virtual-stages", f->pipe.virtual_stages != NULL, FROM_SCHEDULE | FROM_MEGATRON},
         {"--partition-method", f->pipe.partition != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--sequence-parallel", f->pipe.sequence_parallel, FROM_SCHEDULE | FROM_MEGATRON},
+        /* DeepSpeed's pipeline topology is tp-dp-pp, Megatron's flag its own */
+        {"--rank-order", f->pipe.rank_order != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--offload-optimizer", f->offload_optimizer != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--offload-param", f->offload_param != NULL, FROM_BOTH | FROM_MEGATRON},
         {"--nvme-path", f->nvme_path != NULL, FROM_BOTH | FROM_MEGATRON},

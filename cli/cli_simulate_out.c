@@ -226,7 +226,8 @@ int cli_simulate_print_json(const CliSimReport *p)
         r->compute_s, "exposed_comm_s", r->exposed_comm_s, "optimizer_s", r->optimizer_s,
         "idle_s", r->idle_s, "stream_busy_s", "compute", r->stream_busy_s[ZP_STREAM_COMPUTE],
         "dp", r->stream_busy_s[ZP_STREAM_DP], "tp", r->stream_busy_s[ZP_STREAM_TP],
-        "ranks_simulated", r->ranks_simulated, "report_rank", (int)r->first_rank[r->report_rank], "mode",
+        "ranks_simulated", r->ranks_simulated, "report_rank",
+        (int)zp_plan_placed_rank(p->plan, r->first_rank[r->report_rank]), "mode",
         sim_mode_name(r->mode), "op_events", (json_int_t)r->op_events, "heap_events",
         (json_int_t)r->heap_events);
     if (zp_offload_any(p->plan)) { /* the text's two rows more: the six add up to the step */
@@ -318,8 +319,8 @@ static void print_breakdown(const CliSimReport *p)
         {"offload transfer", r->offload_transfer_s},
         {"idle", r->idle_s},
     };
-    printf("\n  breakdown of the step (rank %u)   seconds    share\n",
-           r->first_rank[r->report_rank]);
+    printf("\n  breakdown of the step (rank %u)   seconds    share\n", /* the world's number */
+           (unsigned)zp_plan_placed_rank(p->plan, r->first_rank[r->report_rank]));
     for (size_t i = 0; i < G_N_ELEMENTS(rows); i++)
         if (i < 3 || i == G_N_ELEMENTS(rows) - 1 || zp_offload_any(p->plan))
             printf("    %-28s %10.4f %7.1f%%\n", rows[i].label, rows[i].seconds,

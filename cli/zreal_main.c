@@ -523,8 +523,8 @@ static ZpSchedule *schedule_and_groups(const Args *a, RealComm *world, RealGroup
     ZpSchedule *s = whole ? make_schedule(a, world->size, error) : NULL;
     if (whole && !s)
         return NULL;
-    if (!real_groups_split(world, s ? s->plan.mp : a->mp, s ? MAX(s->stages, 1) : 1, g,
-                           error)) {
+    if (!real_groups_split(world, s ? s->plan.mp : a->mp, s ? MAX(s->stages, 1) : 1,
+                           s ? s->plan.rank_order : ZP_ORDER_TP_DP_PP, g, error)) {
         zp_sched_free(s);
         return NULL;
     }

@@ -9,6 +9,8 @@ struct RealPipe {
     RealComm *dp, *pp;     /* borrowed from the groups, or dp = dp_owned */
     RealComm *dp_owned;    /* the one-rank DP group of a world that cannot split */
     int stage, mp;
+    int rank, dp_size, pp_size; /* zplan's number for this rank, and the degrees it is taken in */
+    ZpRankOrder order;     /* the world's (the plan's: ZpRankOrder) */
     double recv_s, send_s; /* since made or reset */
     double sent_before;    /* world->sent_bytes when made: its collectives are not p2p */
 };
@@ -46,7 +48,9 @@ RealPipe *real_pipe_new(RealComm *world, RealBackend *be, const ZpSchedule *s,
     }
     RealPipe *p = g_new0(RealPipe, 1);
     p->world = world, p->be = be, p->mp = mp;
-    p->stage = (world->rank / mp) % pp;
+    p->dp_size = dp, p->pp_size = pp, p->order = s->plan.rank_order;
+    p->rank = (int)zp_rank_of_placed(p->order, mp, dp, pp, world->rank);
+    p->stage = (p->rank / mp) % pp;
     p->sent_before = world->sent_bytes;
     p->pp = g->pp;
     p->dp = g->dp ? g->dp : (p->dp_owned = real_comm_emulated_new(be, 1, 0));
@@ -65,7 +69,8 @@ void real_pipe_free(RealPipe *p)
 /* The world rank of stage `stage` in this rank's replica and TP rank. */
 static int peer_rank(const RealPipe *p, int stage)
 {
-    return p->world->rank + (stage - p->stage) * p->mp;
+    return (int)zp_rank_placed(p->order, p->mp, p->dp_size, p->pp_size,
+                               p->rank + (stage - p->stage) * p->mp);
 }
 
 /* Both ends name a transfer by its send op's index in the list every stage shares. */

@@ -14,8 +14,9 @@
 typedef struct RealPipe RealPipe;
 
 /* This rank's place in a world of dp x mp x pp ranks (`world`, borrowed) for the schedule
- * `sched` (borrowed; its plan's degrees): rank r is TP rank r mod mp of stage (r / mp) mod pp
- * of DP replica r / (mp pp), as real_groups_split numbers them. Its DP group (the ranks of its
+ * `sched` (borrowed; its plan's degrees and ZpRankOrder): the world's rank w is zplan's rank
+ * r = zp_rank_of_placed(w), TP rank r mod mp of stage (r / mp) mod pp of DP replica
+ * r / (mp pp), as real_groups_split numbers them. Its DP group (the ranks of its
  * stage and TP rank) and pipeline group (its replica's stages of its TP rank) are `groups`'s
  * (borrowed; real_groups_split(world, mp, pp)); where the world could not split (NCCL's:
  * groups->dp NULL) its DP group is one rank (real_comm_emulated). Sends go to the same TP

@@ -31,7 +31,8 @@ static gboolean split_one(RealComm *world, int color, int key, RealComm **out, G
     return *out != NULL;
 }
 
-gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GError **error)
+gboolean real_groups_split(RealComm *world, int tp, int pp, ZpRankOrder order, RealGroups *out,
+                           GError **error)
 {
     *out = (RealGroups){0};
     const int block = tp * pp;
@@ -56,7 +57,9 @@ gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GEr
                     tp, pp);
         return FALSE;
     }
-    const int w = world->rank, t = w % tp, p = w / tp % pp, d = w / block;
+    /* zplan's number for this world rank (ZpRankOrder): its groups are zplan's */
+    const int w = (int)zp_rank_of_placed(order, tp, world->size / block, pp, world->rank);
+    const int t = w % tp, p = w / tp % pp, d = w / block;
     out->dp_owned = out->pp_owned = TRUE;
     gboolean ok = (tp == 1 || split_one(world, w / tp, t, &out->tp, error)) &&
                   (pp == 1 || split_one(world, d * tp + t, p, &out->pp, error)) &&

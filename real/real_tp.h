@@ -11,7 +11,8 @@
 
 #include <glib.h>
 
-/* The groups one rank belongs to. World rank w = tp_rank + tp (pp_rank + pp dp_rank):
+/* The groups one rank belongs to. zplan's rank w = tp_rank + tp (pp_rank + pp dp_rank) (the
+ * world's rank where the order is tp-pp-dp; real_groups_split maps the world's to it):
  * tp consecutive ranks form a tensor group, every tp-th rank of a tp x pp block a pipeline,
  * every (tp pp)-th rank a data-parallel group. A group of one rank is NULL when tp or pp
  * is 1, and the world itself stands for dp when tp = pp = 1 (dp_owned FALSE). A world that
@@ -22,10 +23,12 @@ typedef struct {
     gboolean dp_owned, pp_owned;
 } RealGroups;
 
-/* Splits `world` (MPI_Comm_split through world->split) for tensor degree tp and pp stages;
- * fails naming --mp when tp pp does not divide the world or the communicator cannot split
- * (but for the one pipeline above). */
-gboolean real_groups_split(RealComm *world, int tp, int pp, RealGroups *out, GError **error);
+/* Splits `world` (MPI_Comm_split through world->split) for tensor degree tp and pp stages,
+ * the world's ranks in `order` (the numbering above is zplan's, each world rank's number
+ * zp_rank_of_placed); fails naming --mp when tp pp does not divide the world or the
+ * communicator cannot split (but for the one pipeline above). */
+gboolean real_groups_split(RealComm *world, int tp, int pp, ZpRankOrder order, RealGroups *out,
+                           GError **error);
 void real_groups_free(RealGroups *groups);
 
 typedef struct RealTp RealTp;

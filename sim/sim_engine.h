@@ -54,7 +54,8 @@ typedef struct SimOptions {
     /* Stragglers: a slow rank's compute ops take factor times as long; a slow node's network
      * link moves data factor times slower, so every collective whose group crosses nodes
      * through it transfers that much slower (a ring or tree is as fast as its slowest link).
-     * A rank counts gpus_per_node ranks to a node, tp fastest. Folded, the ranks they set
+     * Both count the world's ranks, gpus_per_node consecutive ranks to a node, in the plan's
+     * order (ZpRankOrder: a slow rank's index is the world's). Folded, the ranks they set
      * apart (the slow ones, and those whose groups wait for them differently) are simulated
      * as rank classes, one rank each, with the results of every rank simulated. */
     const SimSlow *slow_ranks, *slow_nodes;
@@ -204,7 +205,8 @@ typedef struct SimResult {
     uint32_t *timeline_ranks;
     uint32_t n_timeline_ranks;
     /* Simulated rank r stands for rank_count[r] world ranks, the lowest first_rank[r]
-     * (Megatron's order: tp fastest, then stage, then dp): itself explicit. */
+     * (zplan's numbering: tp fastest, then stage, then dp; ZpRankOrder places it): itself
+     * explicit. */
     uint32_t *first_rank, *rank_count;
 } SimResult;
 

@@ -365,11 +365,19 @@ typedef struct {
     GError *error;
 } Sim;
 
-/* Every slowed rank's and node's factor, 1 elsewhere. */
+/* Every slowed rank's and node's factor, 1 elsewhere: rank by zplan's numbering, node by the
+ * world's order (the plan's ZpRankOrder: slowdown_node). */
 typedef struct {
     double *rank, *node; /* [world], [nodes] */
     uint32_t gpus_per_node;
+    const ZpPlan *plan;
 } Slowdowns;
+
+/* The factor of the node zplan's rank `rank` sits on. */
+static inline double slowdown_node(const Slowdowns *w, uint32_t rank)
+{
+    return w->node[zp_plan_placed_rank(w->plan, rank) / w->gpus_per_node];
+}
 
 /* The pipeline stage (rank class) of a simulated rank. */
 static inline uint32_t rank_class(const Sim *sim, uint32_t rank)
@@ -505,8 +513,8 @@ gboolean sim_memory_step(Sim *sim, uint32_t rank, uint32_t i);
 /* sim_ranks.c: the simulated ranks (every rank, one a stage, rank classes or blocks), their
  * state, their groups' flow slots, stragglers' slowdowns, and a blocked run's timeline
  * expanded to every rank. */
-gboolean sim_ranks_read_slowdowns(const SimOptions *o, uint32_t world, uint32_t gpus_per_node,
-                                  Slowdowns *w, GError **error);
+gboolean sim_ranks_read_slowdowns(const SimOptions *o, const ZpPlan *plan, uint32_t world,
+                                  uint32_t gpus_per_node, Slowdowns *w, GError **error);
 void sim_ranks_build_units(Sim *sim, const Slowdowns *w, gboolean blocks, SimClasses *classes);
 gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **error);
 void sim_ranks_gather_timeline(Sim *sim);

@@ -133,7 +133,7 @@ static SimResult *run_step(const ZpSchedule *sched, const ZpHw *hw, const SimOpt
     SimClasses classes = {0};
     gboolean ok = sim_ops_build(&sim, hw, result, error) &&
                   (options->n_slow_ranks + options->n_slow_nodes == 0 ||
-                   sim_ranks_read_slowdowns(options, (uint32_t)sched->world,
+                   sim_ranks_read_slowdowns(options, &sched->plan, (uint32_t)sched->world,
                                             (uint32_t)hw->gpus_per_node, &slow, error));
     if (ok) {
         sim_ranks_build_units(&sim, &slow, explicit_ranks && !options->each_rank, &classes);

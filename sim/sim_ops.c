@@ -408,14 +408,16 @@ static void build_dependents(Sim *sim, DepCursor *cursor, uint32_t *dep_start, u
     g_free(dep_start);
 }
 
-/* A pipeline send's time: it goes from the stage's rank to the neighbour's, tp x stage
- * distance ranks away (Megatron's order), over NVLink when both sit on one node and else over
+/* A pipeline send's time: it goes from the stage's rank to the neighbour's, the stage
+ * distance times zp_plan_placed_pp_stride ranks away (mp under tp-pp-dp, mp dp under
+ * Megatron-Core's and DeepSpeed's tp-dp-pp), over NVLink when both sit on one node and else over
  * the sender's share of the node's NICs (every GPU of a node sends to its peer at once), at
  * the bus bandwidth NCCL reaches there. */
 static double p2p_time_s(const Sim *sim, const ZpHw *hw, const ZpOp *op)
 {
-    const int64_t mp = sim->sched->plan.mp, gpn = hw->gpus_per_node;
-    const gboolean same_node = op->stage * mp / gpn == op->peer * mp / gpn;
+    /* the stages' first ranks where the plan's order puts them (ZpRankOrder) */
+    const int64_t apart = zp_plan_placed_pp_stride(&sim->sched->plan), gpn = hw->gpus_per_node;
+    const gboolean same_node = op->stage * apart / gpn == op->peer * apart / gpn;
     if (same_node)
         return hw->intra_node_latency_s + op->bytes / zp_hw_intra_bus_bytes_per_s(hw);
     return hw->inter_node_latency_s + op->bytes / (zp_hw_inter_bus_bytes_per_s(hw) / gpn);
@@ -718,7 +720,7 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
         p2p_last[k].stage = UINT32_MAX;
     for (uint32_t g = 0; g < sim->n_groups; g++) {
         groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
-                                          sim->groups[g].stride);
+                                          zp_sched_placed_stride(s, &sim->groups[g]));
         group_link[g] = (uint8_t)groups[g].bottleneck;
         for (int k = 0; k < ZP_COLL_N; k++) {
             last_cost[g][k].bytes = -1;

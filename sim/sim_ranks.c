@@ -227,8 +227,8 @@ gboolean sim_ranks_alloc_state(Sim *sim, const SimOptions *options, GError **err
 
 /* ---- simulated ranks and their groups ---- */
 
-gboolean sim_ranks_read_slowdowns(const SimOptions *o, uint32_t world, uint32_t gpus_per_node,
-                                  Slowdowns *w, GError **error)
+gboolean sim_ranks_read_slowdowns(const SimOptions *o, const ZpPlan *plan, uint32_t world,
+                                  uint32_t gpus_per_node, Slowdowns *w, GError **error)
 {
     const uint32_t nodes = (world + gpus_per_node - 1) / gpus_per_node;
     for (uint32_t k = 0; k < o->n_slow_ranks + o->n_slow_nodes; k++) {
@@ -243,14 +243,15 @@ gboolean sim_ranks_read_slowdowns(const SimOptions *o, uint32_t world, uint32_t 
         }
     }
     *w = (Slowdowns){.rank = g_new(double, world), .node = g_new(double, nodes),
-                     .gpus_per_node = gpus_per_node};
+                     .gpus_per_node = gpus_per_node, .plan = plan};
     for (uint32_t r = 0; r < world; r++)
         w->rank[r] = 1.0;
     for (uint32_t n = 0; n < nodes; n++)
         w->node[n] = 1.0;
-    for (uint32_t k = 0; k < o->n_slow_ranks; k++)
-        w->rank[o->slow_ranks[k].index] =
-            MAX(w->rank[o->slow_ranks[k].index], o->slow_ranks[k].factor);
+    for (uint32_t k = 0; k < o->n_slow_ranks; k++) { /* a world rank: zplan's number for it */
+        const uint32_t r = (uint32_t)zp_plan_rank_of_placed(plan, o->slow_ranks[k].index);
+        w->rank[r] = MAX(w->rank[r], o->slow_ranks[k].factor);
+    }
     for (uint32_t k = 0; k < o->n_slow_nodes; k++)
         w->node[o->slow_nodes[k].index] =
             MAX(w->node[o->slow_nodes[k].index], o->slow_nodes[k].factor);
@@ -284,7 +285,8 @@ static uint32_t rank_colours(const Sim *sim, const Slowdowns *w, uint32_t *colou
     for (uint32_t r = 0; r < world; r++) {
         uint32_t key[5] = {(r / mp) % sim->sim_pp};
         memcpy(&key[1], w->rank ? &w->rank[r] : &none, sizeof(double));
-        memcpy(&key[3], w->node ? &w->node[r / w->gpus_per_node] : &none, sizeof(double));
+        const double node = w->node ? slowdown_node(w, r) : none;
+        memcpy(&key[3], &node, sizeof(double));
         colour[r] = sim_interner_id(&kinds, key, 5);
     }
     const uint32_t n = sim_interner_count(&kinds);
@@ -489,7 +491,7 @@ void sim_ranks_apply_slowdowns(Sim *sim, const Slowdowns *w)
         Flow *f = &sim->flows[slot];
         for (uint32_t i = 0; i < f->count; i++) {
             const uint32_t first = sim->first_rank[sim->members[f->member_start + i]];
-            f->inter_scale = MAX(f->inter_scale, w->node[first / w->gpus_per_node]);
+            f->inter_scale = MAX(f->inter_scale, slowdown_node(w, first));
         }
     }
 }

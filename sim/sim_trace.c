@@ -164,8 +164,8 @@ static void append_us(GString *out, const char *key, int64_t ns)
                            mag / 1000, (unsigned)(mag % 1000));
 }
 
-/* The pipeline stage a simulated rank runs: its first world rank's (tp, then stage, then
- * dp). */
+/* The pipeline stage a simulated rank runs: its first rank's (zplan's numbering: tp, then
+ * stage, then dp; the label names the world's rank, zp_plan_placed_rank). */
 static uint32_t stage_of(const ZpSchedule *s, const SimResult *r, int pid)
 {
     return sim_result_rank_stage(r, (uint32_t)pid, s->plan.mp);
@@ -180,7 +180,8 @@ static void append_metadata(TraceOut *w, const ZpSchedule *s, const SimResult *r
                                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
                                "\"name\":\"rank %u (dp %u, tp %u, stage %u): a class of %u "
                                "alike rank(s)\"}},\n",
-                               pid, first, first / (s->plan.mp * stages), first % s->plan.mp,
+                               pid, (uint32_t)zp_plan_placed_rank(&s->plan, first),
+                               first / (s->plan.mp * stages), first % s->plan.mp,
                                stage_of(s, r, pid), r->rank_count[pid]);
     else if (r->stages > 1)
         g_string_append_printf(out,
@@ -238,14 +239,17 @@ static void append_ops(TraceOut *w, const ZpSchedule *s, const SimResult *r, int
         const int64_t start_ns = to_ns(r->op_start_s[base + i]);
         const int64_t ready_ns = to_ns(r->op_ready_s[base + i]);
         if (op->kind == ZP_OP_COLLECTIVE && ready_ns < start_ns) {
-            /* This rank reached the collective first and waited for the last member. */
+            /* This rank reached the collective first and waited for the last member (the
+             * world's number for it: ZpRankOrder). */
+            const uint32_t last = (uint32_t)zp_plan_placed_rank(
+                &s->plan, r->first_rank[r->op_last_rank[base + i]]);
             g_string_append_printf(out, "{\"name\":\"wait for rank %u\",\"ph\":\"X\","
                                         "\"pid\":%d,\"tid\":%d",
-                                   r->first_rank[r->op_last_rank[base + i]], pid, op->stream);
+                                   last, pid, op->stream);
             append_us(out, "ts", ready_ns);
             append_us(out, "dur", start_ns - ready_ns);
             g_string_append_printf(out, ",\"args\":{\"op\":%u,\"waited_for\":%u}},\n", i,
-                                   r->first_rank[r->op_last_rank[base + i]]);
+                                   last);
         }
         g_string_append_printf(out, "{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d",
                                labels[i], pid, op->stream);

@@ -80,6 +80,16 @@ static void test_plan(void)
     g_assert_cmpint(p.zero.stage, ==, 0);
     g_assert_cmpint(p.reduce_dtype, ==, ZP_REDUCE_GRAD); /* fp16 keeps its 16-bit main_grad */
     g_assert_false(attention);
+    g_assert_cmpint(p.rank_order, ==, ZP_ORDER_TP_DP_PP); /* parallel_state.py's default */
+    g_ptr_array_unref(warnings);
+    /* initialize.py: --use-tp-pp-dp-mapping orders the ranks tp-cp-ep-pp-dp */
+    char *mapped[] = {"--pipeline-model-parallel-size", "4", "--use-tp-pp-dp-mapping"};
+    warnings = g_ptr_array_new_with_free_func(g_free);
+    g_assert_true(zp_megatron_args_parse(G_N_ELEMENTS(mapped), mapped, "flags", &m, 64, &p,
+                                         &attention, warnings, &error));
+    g_assert_no_error(error);
+    g_assert_cmpint(p.rank_order, ==, ZP_ORDER_TP_PP_DP);
+    g_assert_cmpuint(warnings->len, ==, 0); /* read, not listed as of no bearing */
     g_ptr_array_unref(warnings);
     g_unlink(path);
     g_free(path);

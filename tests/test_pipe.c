@@ -150,7 +150,7 @@ static void test_stage_checkpoints(void)
     }
 }
 
-/* Explicit ranks (every DP, TP and stage rank, Megatron's order) give the folded figures,
+/* Explicit ranks (every DP, TP and stage rank, zplan's numbering) give the folded figures,
  * for 1F1B and interleaved, with and without tensor parallelism. */
 static void test_explicit_equals_folded(void)
 {
@@ -807,23 +807,102 @@ static void test_cross_node_tp(void)
                          "--stage 0 --micro-batch 4 --checkpoint");
     g_assert_nonnull(strstr(run.out, "TP innermost"));
     g_assert_nonnull(strstr(run.out, "a TP group spans 2 node(s) (its all-reduces cross the NIC)"));
-    g_assert_null(strstr(run.out, "Not modeled: Megatron-Core's default order"));
-    tu_free(&run);
-    /* TP 2 x PP 4 x DP 8 on 8-GPU nodes: zplan's order (--use-tp-pp-dp-mapping) keeps a
-     * pipeline on a node and spreads DP over 8 nodes; Megatron-Core's default and DeepSpeed's
-     * put 4 DP ranks on a node (a DP group over 2) and stages 16 ranks apart: said, not
-     * modeled. At TP 8 the two orders place alike and nothing is said. */
-    run = tu_zplan("simulate --model gpt-13b --cluster dgx-a100-80g --gpus 64 --mp 2 --pp 4 "
-                   "--micro-batch 1 --grad-accum 8 --stage 1 --impl megatron");
-    g_assert_nonnull(strstr(run.out, "a DP group 8, and all stage neighbours sit on one node"));
-    g_assert_nonnull(strstr(run.out, "put DP inside PP, where a DP group spans 2 node(s) and no "
-                                     "stage neighbours share one"));
-    tu_free(&run);
-    run = tu_zplan("simulate --model gpt-13b --cluster dgx-a100-80g --gpus 64 --mp 8 --pp 4 "
-                   "--micro-batch 1 --grad-accum 8 --stage 1 --impl megatron");
-    g_assert_null(strstr(run.out, "Not modeled: Megatron-Core's default order"));
     tu_free(&run);
 }
+
+/* Where the ranks sit (ZpRankOrder). zplan numbers its ranks tp, stage, dp; the world's order
+ * is Megatron-Core's default tp-dp-pp (parallel_state.py, "tp-cp-ep-dp-pp"; DeepSpeed's
+ * PipeModelDataParallelTopology the same) or its --use-tp-pp-dp-mapping tp-pp-dp. By hand,
+ * TP 2 x PP 4 x DP 8 on 8-GPU nodes: tp-dp-pp puts a DP group's ranks 2 apart (2 nodes) and a
+ * stage's neighbours 16 apart (another node); tp-pp-dp puts them 8 apart (8 nodes) and 2
+ * apart (one node). zplan's rank 6 (stage 3, dp 0, tp 0) is the world's 48 under tp-dp-pp. */
+static void test_rank_order(void)
+{
+    const int64_t shapes[][3] = {{2, 8, 4}, {1, 3, 2}, {8, 2, 4}, {4, 5, 1}};
+    for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
+        const int64_t mp = shapes[k][0], dp = shapes[k][1], pp = shapes[k][2];
+        for (int o = 0; o < ZP_ORDER_N; o++) {
+            gboolean *hit = g_new0(gboolean, mp * dp * pp);
+            for (int64_t r = 0; r < mp * dp * pp; r++) {
+                const int64_t placed = zp_rank_placed((ZpRankOrder)o, mp, dp, pp, r);
+                g_assert_cmpint(placed, <, mp * dp * pp);
+                g_assert_false(hit[placed]); /* a bijection */
+                hit[placed] = TRUE;
+                g_assert_cmpint(zp_rank_of_placed((ZpRankOrder)o, mp, dp, pp, placed), ==, r);
+                g_assert_cmpint(placed % mp, ==, r % mp); /* tp fastest in both */
+                const int64_t next_dp = r + mp * pp, next_stage = r + mp;
+                if (next_dp < mp * dp * pp)
+                    g_assert_cmpint(zp_rank_placed((ZpRankOrder)o, mp, dp, pp, next_dp) - placed,
+                                    ==, o == ZP_ORDER_TP_DP_PP ? mp : mp * pp);
+                if (r / mp % pp + 1 < pp)
+                    g_assert_cmpint(
+                        zp_rank_placed((ZpRankOrder)o, mp, dp, pp, next_stage) - placed, ==,
+                        o == ZP_ORDER_TP_DP_PP ? mp * dp : mp);
+            }
+            g_free(hit);
+        }
+    }
+    const char *base = "simulate --model gpt-13b --cluster dgx-a100-80g --gpus 64 --mp 2 --pp 4 "
+                       "--micro-batch 1 --grad-accum 8 --stage 1 --impl megatron";
+    const struct {
+        const char *flag, *says, *placement;
+        int report_rank;
+    } cases[] = {
+        {"", "Placement: tp-dp-pp (TP innermost, ranks r..r+1; Megatron-Core's default and "
+             "DeepSpeed's pipeline topology), a TP group spans 1 node(s), a DP group 2 (its "
+             "ranks 2 apart), and no stage neighbours (16 ranks apart) sit on one node.",
+         "tp, dp, pp (tp fastest)", 48},
+        {" --rank-order tp-pp-dp",
+         "Placement: tp-pp-dp (TP innermost, ranks r..r+1; Megatron-Core's "
+         "--use-tp-pp-dp-mapping), a TP group spans 1 node(s), a DP group 8 (its ranks 8 "
+         "apart), and all stage neighbours (2 ranks apart) sit on one node.",
+         "tp, pp, dp (tp fastest)", 6},
+    };
+    double reduce_s[2];
+    for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+        char *args = g_strdup_printf("%s%s", base, cases[c].flag);
+        TuRun run = tu_zplan(args);
+        g_assert_nonnull(strstr(run.out, cases[c].says));
+        tu_free(&run);
+        char *json_args = g_strdup_printf("%s --json", args);
+        json_t *j = tu_zplan_json_fit_or_not(json_args);
+        g_assert_cmpstr(json_string_value(json_object_get(j, "placement")), ==,
+                        cases[c].placement);
+        g_assert_cmpint(json_integer_value(json_object_get(j, "report_rank")), ==,
+                        cases[c].report_rank);
+        json_t *plan = json_object_get(j, "plan");
+        g_assert_cmpint(json_object_get(plan, "rank_order") != NULL, ==, c == 1);
+        reduce_s[c] = json_number_value(
+            json_object_get(json_object_get(json_object_get(j, "ops"), "reduce_scatter"),
+                            "total_s"));
+        json_decref(j);
+        g_free(json_args), g_free(args);
+    }
+    /* The gradients' reduce-scatter over 2 nodes (4 ranks a node) against over 8 */
+    g_test_message("reduce-scatter: tp-dp-pp %.4f s, tp-pp-dp %.4f s", reduce_s[0], reduce_s[1]);
+    g_assert_cmpfloat(reduce_s[0], <, reduce_s[1]);
+    /* The schedule's groups count zplan's ranks; where they sit is the order's. */
+    ZpModel m = tu_load_model("gpt-13b");
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 8, 2);
+    p.impl = ZP_IMPL_MEGATRON, p.pipe.stages = 4, p.grad_accum = 8, p.micro_batch = 1;
+    zp_impl_plan_defaults(&p);
+    for (int o = 0; o < ZP_ORDER_N; o++) {
+        p.rank_order = (ZpRankOrder)o;
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        ZpCommGroup g[ZP_SCHED_MAX_GROUPS];
+        zp_sched_groups(s, g);
+        g_assert_cmpint(g[ZP_GROUP_DP].stride, ==, 8);
+        g_assert_cmpint(g[ZP_GROUP_PP].stride, ==, 2);
+        g_assert_cmpint(zp_sched_placed_stride(s, &g[ZP_GROUP_DP]), ==, o ? 8 : 2);
+        g_assert_cmpint(zp_sched_placed_stride(s, &g[ZP_GROUP_PP]), ==, o ? 2 : 16);
+        g_assert_cmpint(zp_sched_placed_stride(s, &g[ZP_GROUP_TP]), ==, 1);
+        zp_sched_free(s);
+    }
+}
+
 
 /* ---- bad input ----------------------------------------------------------------------------- */
 
@@ -884,6 +963,7 @@ int main(int argc, char **argv)
     g_test_add_func("/pipe/p2p-sync", test_p2p_sync);
     g_test_add_func("/pipe/p2p-sync-all-warmup", test_p2p_sync_all_warmup);
     g_test_add_func("/pipe/cross-node-tp", test_cross_node_tp);
+    g_test_add_func("/pipe/rank-order", test_rank_order);
     g_test_add_func("/pipe/plan-files", test_plan_files);
     g_test_add_func("/pipe/search-3d", test_search_3d);
     g_test_add_func("/pipe/search-bound-tight", test_search_bound_tight);

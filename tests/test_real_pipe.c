@@ -33,6 +33,7 @@ typedef struct {
     const char *schedule;
     int checkpoint;    /* FALSE, TRUE, or CPU_CHECKPOINTING (with its host tier) */
     const char *model; /* NULL: MODEL (untied); "tiny": GPT-2's, its embedding tied */
+    const char *order; /* NULL: the default rank order (tp-dp-pp), else --rank-order's */
 } PipeRun;
 
 #define CPU_CHECKPOINTING 2
@@ -77,6 +78,8 @@ static ZpSchedule *build(const PipeRun *p, int dp)
     plan.pipe.virtual_stages = p->virtual_stages;
     plan.backend_workspace = TRUE; /* zreal's CPU backend's x, dx, staging and op buffers */
     g_assert_true(zp_pipe_schedule_parse(p->schedule, "--pp-schedule", &plan.pipe.schedule, NULL));
+    if (p->order)
+        g_assert_true(zp_rank_order_parse(p->order, "--rank-order", &plan.rank_order, NULL));
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&model, &plan, &error);
     g_assert_no_error(error);
@@ -97,7 +100,8 @@ static void check_rank(json_t *rank, const ZpSchedule *s, const SimResult *sim, 
     json_t *pipe = json_object_get(rank, "pipeline");
     g_assert_nonnull(pipe);
     const int stage = (int)number(pipe, "stage");
-    g_assert_cmpint(stage, ==, (r / s->plan.mp) % s->stages); /* TP, then PP, then DP */
+    /* the world's rank r is zplan's rank_of_placed(r): TP, then PP, then DP (ZpRankOrder) */
+    g_assert_cmpint(stage, ==, (zp_plan_rank_of_placed(&s->plan, r) / s->plan.mp) % s->stages);
     ZpSchedule *view = zp_sched_stage_view(s, stage);
     g_assert_cmpfloat(number(rank, "model_state_bytes"), ==, zp_sched_model_state_bytes(view));
     /* cpu_checkpointing: the host tier holds the stage's own blocks' inputs of the
@@ -163,8 +167,9 @@ static void test_pipe_matches_one_rank(gconstpointer data)
     json_t *ref = run_zreal(1, model_of(p), ref_args, "ref");
     const int dp = p->ranks / (p->pp * p->mp);
     char *args = g_strdup_printf("--micro-batch %d --stage %d --pp %d --mp %d --pp-schedule %s "
-                                 "--virtual-stages %d %s", GLOBAL_MICRO_BATCH / dp, p->zero,
-                                 p->pp, p->mp, p->schedule, p->virtual_stages, ckpt);
+                                 "--virtual-stages %d %s%s%s", GLOBAL_MICRO_BATCH / dp, p->zero,
+                                 p->pp, p->mp, p->schedule, p->virtual_stages, ckpt,
+                                 p->order ? " --rank-order " : "", p->order ? p->order : "");
     json_t *m = run_zreal(p->ranks, model_of(p), args, "pipe");
     json_t *ref_loss = json_object_get(ref, "loss"), *loss = json_object_get(m, "loss");
     g_assert_cmpuint(json_array_size(loss), ==, STEPS);
@@ -269,21 +274,25 @@ int main(int argc, char **argv)
         const char *name;
         PipeRun run;
     } runs[] = {
-        {"/real-pipe/gpipe-2", {2, 2, 1, 0, 1, "gpipe", FALSE, NULL}},
-        {"/real-pipe/1f1b-2", {2, 2, 1, 0, 1, "1f1b", FALSE, NULL}},
-        {"/real-pipe/gpipe-4", {4, 4, 1, 0, 1, "gpipe", FALSE, NULL}},
-        {"/real-pipe/1f1b-4", {4, 4, 1, 0, 1, "1f1b", FALSE, NULL}},
-        {"/real-pipe/1f1b-4-checkpoint", {4, 4, 1, 0, 1, "1f1b", TRUE, NULL}},
-        {"/real-pipe/1f1b-2-cpu-checkpointing", {2, 2, 1, 0, 1, "1f1b", CPU_CHECKPOINTING, NULL}},
-        {"/real-pipe/interleaved-2x2", {2, 2, 1, 0, 2, "interleaved", FALSE, NULL}},
-        {"/real-pipe/dp2-pp2-zero0", {4, 2, 1, 0, 1, "1f1b", FALSE, NULL}},
-        {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, 1, "1f1b", FALSE, NULL}},
-        {"/real-pipe/dp2-pp2-zero1-gpipe", {4, 2, 1, 1, 1, "gpipe", FALSE, NULL}},
-        {"/real-pipe/tp2-pp2-1f1b", {4, 2, 2, 0, 1, "1f1b", FALSE, NULL}},
-        {"/real-pipe/dp2-tp2-pp2-zero1", {8, 2, 2, 1, 1, "1f1b", FALSE, NULL}},
-        {"/real-pipe/tied-1f1b-2", {2, 2, 1, 0, 1, "1f1b", FALSE, "tiny"}},
-        {"/real-pipe/tied-dp2-pp2-zero1-gpipe", {4, 2, 1, 1, 1, "gpipe", FALSE, "tiny"}},
-        {"/real-pipe/tied-tp2-pp2-1f1b", {4, 2, 2, 0, 1, "1f1b", FALSE, "tiny"}},
+        {"/real-pipe/gpipe-2", {2, 2, 1, 0, 1, "gpipe", FALSE, NULL, NULL}},
+        {"/real-pipe/1f1b-2", {2, 2, 1, 0, 1, "1f1b", FALSE, NULL, NULL}},
+        {"/real-pipe/gpipe-4", {4, 4, 1, 0, 1, "gpipe", FALSE, NULL, NULL}},
+        {"/real-pipe/1f1b-4", {4, 4, 1, 0, 1, "1f1b", FALSE, NULL, NULL}},
+        {"/real-pipe/1f1b-4-checkpoint", {4, 4, 1, 0, 1, "1f1b", TRUE, NULL, NULL}},
+        {"/real-pipe/1f1b-2-cpu-checkpointing",
+         {2, 2, 1, 0, 1, "1f1b", CPU_CHECKPOINTING, NULL, NULL}},
+        {"/real-pipe/interleaved-2x2", {2, 2, 1, 0, 2, "interleaved", FALSE, NULL, NULL}},
+        {"/real-pipe/dp2-pp2-zero0", {4, 2, 1, 0, 1, "1f1b", FALSE, NULL, NULL}},
+        {"/real-pipe/dp2-pp2-zero1", {4, 2, 1, 1, 1, "1f1b", FALSE, NULL, NULL}},
+        {"/real-pipe/dp2-pp2-zero1-gpipe", {4, 2, 1, 1, 1, "gpipe", FALSE, NULL, NULL}},
+        {"/real-pipe/tp2-pp2-1f1b", {4, 2, 2, 0, 1, "1f1b", FALSE, NULL, NULL}},
+        {"/real-pipe/dp2-tp2-pp2-zero1", {8, 2, 2, 1, 1, "1f1b", FALSE, NULL, NULL}},
+        /* Megatron-Core's --use-tp-pp-dp-mapping: world ranks 0, 1 the first replica's stages,
+         * where the default puts ranks 0, 1 in stage 0 */
+        {"/real-pipe/dp2-pp2-zero1-tp-pp-dp", {4, 2, 1, 1, 1, "1f1b", FALSE, NULL, "tp-pp-dp"}},
+        {"/real-pipe/tied-1f1b-2", {2, 2, 1, 0, 1, "1f1b", FALSE, "tiny", NULL}},
+        {"/real-pipe/tied-dp2-pp2-zero1-gpipe", {4, 2, 1, 1, 1, "gpipe", FALSE, "tiny", NULL}},
+        {"/real-pipe/tied-tp2-pp2-1f1b", {4, 2, 2, 0, 1, "1f1b", FALSE, "tiny", NULL}},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(runs); i++)
         g_test_add_data_func(runs[i].name, &runs[i].run, test_pipe_matches_one_rank);

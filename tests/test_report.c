@@ -132,7 +132,14 @@ static void test_pipeline_page(void)
     json_t *result = tu_zplan_json("simulate " PIPE_PLAN " --json");
     const int pp = (int)json_integer_value(json_object_get(result, "pp"));
     const int mp = (int)json_integer_value(json_object_get(result, "mp"));
-    const int stage = ((int)json_integer_value(json_object_get(result, "report_rank")) / mp) % pp;
+    const int dp = (int)json_integer_value(json_object_get(result, "dp"));
+    /* report_rank is the world's (Megatron-Core's default order, tp-dp-pp: ZpRankOrder) */
+    g_assert_cmpstr(json_string_value(json_object_get(result, "placement")), ==,
+                    "tp, dp, pp (tp fastest)");
+    const int stage = (int)(zp_rank_of_placed(ZP_ORDER_TP_DP_PP, mp, dp, pp,
+                                              json_integer_value(
+                                                  json_object_get(result, "report_rank"))) /
+                            mp % pp);
     const double stage_peak_bytes = json_real_value(json_object_get(
         json_array_get(json_object_get(result, "stages"), (size_t)stage), "peak_memory_bytes"));
     g_assert_cmpint(pp, ==, 4);

@@ -293,6 +293,7 @@ typedef struct {
     RunsCase plan;
     ZpPipeConfig pipe;
     int micro;
+    ZpRankOrder order; /* where the ranks sit (ZpRankOrder; the zero value Megatron's default) */
 } PipeRunsCase;
 
 static SimResult *run_runs_case(const ZpSchedule *s, const RunsCase *c, gboolean each_rank)
@@ -328,10 +329,12 @@ static void assert_same_explicit(const SimResult *runs, const SimResult *each)
 }
 
 /* Runs c (with pipe and micro micro-batches) in blocks and rank by rank: the same results. */
-static void check_runs_case(const RunsCase *c, const ZpPipeConfig *pipe, int micro)
+static void check_runs_case(const RunsCase *c, const ZpPipeConfig *pipe, int micro,
+                            ZpRankOrder order)
 {
     ZpPlan p;
     zp_plan_defaults(&p, c->stage, c->dp, c->mp);
+    p.rank_order = order;
     p.impl = c->impl;
     p.checkpoint = TRUE;
     p.zero.reduce_bucket_size = p.zero.allgather_bucket_size = 2e7;
@@ -413,25 +416,35 @@ static void test_runs_equal_each_rank(void)
     const PipeRunsCase pipe_cases[] = {
         {{"ZeRO-1, dp 8 x pp 4 (1F1B, 8 micro), rank 13 at 2x", ZP_IMPL_PAPER, 1, 8, 1, 0,
           FALSE, {13, 2.0}, {0, 0}, 0, 12, NULL},
-         {.stages = 4, .schedule = ZP_PIPE_1F1B}, 8},
+         {.stages = 4, .schedule = ZP_PIPE_1F1B}, 8, ZP_ORDER_TP_DP_PP},
+        /* Megatron-Core's default order (tp-dp-pp): world rank 9 is dp row 4's, node 1 the
+         * first stage of rows 4-7, so rows 0-3, 4 and 5-7 make three blocks */
         {{"ZeRO-1 (DeepSpeed), dp 8 x pp 2 x tp 2 (GPipe, 4 micro), rank 9 at 1.5x, node 1 at "
-          "2x", ZP_IMPL_DEEPSPEED, 1, 8, 2, 0, FALSE, {9, 1.5}, {1, 2.0}, 0, 16, NULL},
-         {.stages = 2, .schedule = ZP_PIPE_GPIPE}, 4},
-        {{"ZeRO-0, dp 4 x pp 4 x tp 2 (interleaved, 2 chunks, 8 micro), no straggler",
+          "2x", ZP_IMPL_DEEPSPEED, 1, 8, 2, 0, FALSE, {9, 1.5}, {1, 2.0}, 0, 12, NULL},
+         {.stages = 2, .schedule = ZP_PIPE_GPIPE}, 4, ZP_ORDER_TP_DP_PP},
+        /* under tp-pp-dp each dp group crosses nodes, tp's stays in one: blocks; under the
+         * default a dp group is 4 ranks of one node, as tp's: every rank on its own */
+        {{"ZeRO-0, dp 4 x pp 4 x tp 2 (interleaved, 2 chunks, 8 micro), no straggler, tp-pp-dp",
           ZP_IMPL_PAPER, 0, 4, 2, 0, FALSE, {0, 0}, {0, 0}, 0, 8, NULL},
-         {.stages = 4, .virtual_stages = 2, .schedule = ZP_PIPE_INTERLEAVED}, 8},
+         {.stages = 4, .virtual_stages = 2, .schedule = ZP_PIPE_INTERLEAVED}, 8,
+         ZP_ORDER_TP_PP_DP},
+        {{"ZeRO-0, dp 4 x pp 4 x tp 2 (interleaved, 2 chunks, 8 micro), no straggler",
+          ZP_IMPL_PAPER, 0, 4, 2, 0, FALSE, {0, 0}, {0, 0}, 0, 32, NULL},
+         {.stages = 4, .virtual_stages = 2, .schedule = ZP_PIPE_INTERLEAVED}, 8,
+         ZP_ORDER_TP_DP_PP},
         {{"ZeRO-1, dp 16 x pp 2 x tp 4 (1F1B, 4 micro), rank 70 at 3x, node 3 at 1.5x",
           ZP_IMPL_PAPER, 1, 16, 4, 0, FALSE, {70, 3.0}, {3, 1.5}, 0, 40, NULL},
-         {.stages = 2, .schedule = ZP_PIPE_1F1B}, 4},
+         {.stages = 2, .schedule = ZP_PIPE_1F1B}, 4, ZP_ORDER_TP_DP_PP},
         {{"ZeRO-1, dp 8 x pp 4 x tp 2 (1F1B, 8 micro), rank 9 at 2x, stopped at 5 ms",
           ZP_IMPL_PAPER, 1, 8, 2, 0, FALSE, {9, 2.0}, {0, 0}, 0.005, 0, NULL},
-         {.stages = 4, .schedule = ZP_PIPE_1F1B}, 8},
+         {.stages = 4, .schedule = ZP_PIPE_1F1B}, 8, ZP_ORDER_TP_DP_PP},
     };
     const ZpPipeConfig none = {0};
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++)
-        check_runs_case(&cases[i], &none, 1);
+        check_runs_case(&cases[i], &none, 1, ZP_ORDER_TP_DP_PP);
     for (size_t i = 0; i < G_N_ELEMENTS(pipe_cases); i++)
-        check_runs_case(&pipe_cases[i].plan, &pipe_cases[i].pipe, pipe_cases[i].micro);
+        check_runs_case(&pipe_cases[i].plan, &pipe_cases[i].pipe, pipe_cases[i].micro,
+                        pipe_cases[i].order);
 }
 
 /* Where one instant queues a flow across rows and a unit's or a row flow's event for one time,

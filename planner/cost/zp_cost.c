@@ -172,11 +172,13 @@ double zp_cost_inv_op_s(const ZpCost *c, const ZpInvList *list,
     return MAX(device, host);
 }
 
-/* The data-parallel group spans one node when the tensor and pipeline groups inside it leave
- * room (Megatron's order: tensor ranks adjacent, then data, then pipeline). */
+/* The data-parallel group spans one node when its ranks, zp_plan_placed_dp_stride apart in the
+ * plan's order (ZpRankOrder: mp under Megatron-Core's default tp-dp-pp, mp P under tp-pp-dp),
+ * and their tensor groups fit in one. */
 static ZpLinkClass dp_link(const ZpHw *hw, const ZpPlan *plan)
 {
-    const double span = (double)plan->dp * plan->mp;
+    const double span =
+        (double)(plan->dp - 1) * (double)zp_plan_placed_dp_stride(plan) + plan->mp;
     return hw->gpus_per_node > 0 && span <= hw->gpus_per_node ? ZP_LINK_NVLINK : ZP_LINK_NETWORK;
 }
 

@@ -629,13 +629,26 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
     return most;
 }
 
+int zp_sched_placed_stride(const ZpSchedule *s, const ZpCommGroup *g)
+{
+    const int64_t mp = s->plan.mp, P = MAX(s->stages, 1);
+    if (s->plan.rank_order != ZP_ORDER_TP_DP_PP || P == 1)
+        return g->stride;
+    if (g->stride % (mp * P) == 0) /* dp's and its subgroups: a dp rank is mp apart */
+        return (int)(g->stride / P);
+    if (g->stride == mp && g->ranks == P) /* the pipeline: a stage is mp dp apart */
+        return (int)(mp * s->plan.dp);
+    return g->stride; /* inside a stage's tensor group, which both orders keep together */
+}
+
 int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
 {
     if (s->n_groups > 0) {
         memcpy(out, s->groups, (size_t)s->n_groups * sizeof *out);
         return s->n_groups;
     }
-    /* Ranks are tp-fastest, then pipeline stage, then dp (Megatron's order). */
+    /* zplan's ranks are tp-fastest, then pipeline stage, then dp, whatever the plan's order
+     * (ZpRankOrder; zp_sched_placed_stride says where a group's members sit). */
     const int stages = MAX(s->stages, 1);
     out[ZP_GROUP_DP] = (ZpCommGroup){.ranks = s->plan.dp, .stride = s->plan.mp * stages};
     out[ZP_GROUP_TP] = (ZpCommGroup){.ranks = s->plan.mp, .stride = 1};

@@ -160,9 +160,11 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
     const double dense = ((double)zp_model_param_count(spec->model) -
                           zp_ep_expert_params(spec->model)) / p->mp * share;
     double dense_reduce, dense_gather, expert_reduce, expert_gather;
-    group_s(spec, p, dense, p->dp, p->mp * P, zp_impl_get(p->impl)->grad_collective(p),
+    /* the DP groups where the plan's order puts them (ZpRankOrder) */
+    const int dp_apart = (int)zp_plan_placed_dp_stride(p);
+    group_s(spec, p, dense, p->dp, dp_apart, zp_impl_get(p->impl)->grad_collective(p),
             &dense_reduce, &dense_gather);
-    group_s(spec, p, experts, p->dp / ep, p->mp * P * ep, zp_impl_expert_grad_collective(p),
+    group_s(spec, p, experts, p->dp / ep, dp_apart * ep, zp_impl_expert_grad_collective(p),
             &expert_reduce, &expert_gather);
     const double reduce = dense_reduce + expert_reduce, gather = dense_gather + expert_gather;
     c->dp_s = reduce + gather;

@@ -466,7 +466,11 @@ gboolean zp_search_screen_init(ZpScreen *screen, const ZpSearchSpec *spec, GErro
         return FALSE;
     *screen = (ZpScreen){.model = spec->model, .hw = spec->hw,
                          .params = (double)zp_model_param_count(spec->model),
+                         .block_elems_min = INFINITY,
                          .bus_bytes_per_s = spec->bus_bytes_per_s, .coll_s = spec->coll_s};
+    for (int64_t u = 1; u <= spec->model->layers; u++)
+        screen->block_elems_min =
+            fmin(screen->block_elems_min, (double)zp_model_unit_elems(spec->model, (int)u));
     return TRUE;
 }
 

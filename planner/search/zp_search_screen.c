@@ -13,10 +13,11 @@
 #include <math.h>
 #include <string.h>
 
-/* DP members sit tp x pp ranks apart (Megatron's order), TP members next to each other. */
+/* The group's busbw where the plan's order puts it (ZpRankOrder: a DP group's ranks mp apart
+ * under tp-dp-pp, mp P under tp-pp-dp), as the simulator places it (zp_sched_placed_stride). */
 static double bus_bytes_per_s(const ZpScreen *sc, const ZpPlan *plan, ZpGroup group)
 {
-    const int stride = group == ZP_GROUP_DP ? plan->mp * zp_plan_pp(plan) : plan->mp;
+    const int stride = group == ZP_GROUP_DP ? (int)zp_plan_placed_dp_stride(plan) : plan->mp;
     return sc->bus_bytes_per_s ? sc->bus_bytes_per_s(sc->hw, plan->dp, stride, group)
                                : zp_hw_intra_bus_bytes_per_s(sc->hw);
 }
@@ -164,7 +165,7 @@ static double p2p_s(const ZpScreen *sc, const ZpPlan *plan)
     const double bytes = (double)plan->micro_batch * (double)m->seq_len * (double)m->hidden *
                          zp_plan_elem_bytes(plan->precision) /
                          (plan->sequence_parallel ? plan->mp : 1);
-    if ((int64_t)plan->mp * zp_plan_pp(plan) <= hw->gpus_per_node)
+    if (zp_plan_placed_pp_stride(plan) * zp_plan_pp(plan) <= hw->gpus_per_node)
         return hw->intra_node_latency_s + bytes / zp_hw_intra_bus_bytes_per_s(hw);
     return hw->inter_node_latency_s +
            bytes / (zp_hw_inter_bus_bytes_per_s(hw) / hw->gpus_per_node);
@@ -183,6 +184,7 @@ static double fill_drain_sends_s(const ZpScreen *sc, const ZpPlan *plan)
     const ZpModel *m = sc->model;
     const ZpHw *hw = sc->hw;
     const int64_t P = zp_plan_pp(plan), mp = plan->mp, gpn = hw->gpus_per_node;
+    const int64_t apart = zp_plan_placed_pp_stride(plan); /* a stage's ranks from the next's */
     if (gpn <= 0)
         return 0;
     const gboolean split = plan->sequence_parallel ||
@@ -191,7 +193,7 @@ static double fill_drain_sends_s(const ZpScreen *sc, const ZpPlan *plan)
                          zp_plan_elem_bytes(plan->precision) / (split ? (double)mp : 1.0);
     double sends_s = 0;
     for (int64_t k = 0; k + 1 < P; k++)
-        sends_s += k * mp / gpn == (k + 1) * mp / gpn
+        sends_s += k * apart / gpn == (k + 1) * apart / gpn
                        ? hw->intra_node_latency_s + bytes / zp_hw_intra_bus_bytes_per_s(hw)
                        : hw->inter_node_latency_s +
                              bytes / (zp_hw_inter_bus_bytes_per_s(hw) / (double)gpn);
@@ -286,16 +288,32 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
      * 1-2 all-reduce their buckets too); stage 3 gathers at least what its implementation's
      * bound says (zp_impl.h); stages 1-2 all-gather the updated parameters after the
      * optimizer. */
-    const double psi = sc->params / mp / P, sent = (n - 1) / n;
+    /* A pipeline's stages reduce their own parameters, the last stage's earlier than the
+     * first's: the step is at least the first's chain and reduction, whose parameters are at
+     * least its V floor(L / (P V)) blocks' (the average stage's psi is no bound there: gpt-13b
+     * at TP 2 x PP 2 simulates up to 0.04 s below it, its first stage the lighter). */
+    const double V = zp_plan_vstages(plan);
+    const double stage_blocks = V * floor(L / (P * V));
+    const double psi =
+        (P > 1 ? fmin(sc->params / P, stage_blocks * sc->block_elems_min) : sc->params) / mp;
+    const double sent = (n - 1) / n;
     const double bw = bus_bytes_per_s(sc, plan, ZP_GROUP_DP);
     const int stage = plan->zero.stage;
-    const double passes =
-        zp_impl_get(plan->impl)->grad_collective(plan) == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
+    const ZpCollKind reduce_kind = zp_impl_get(plan->impl)->grad_collective(plan);
+    const double passes = reduce_kind == ZP_COLL_ALLREDUCE ? 2.0 : 1.0;
     const double reductions[4] = {passes * psi, passes * psi, passes * accum * psi,
                                   passes * accum * psi};
+    /* With the simulator's own cost (spec->coll_s) one collective of all of them a
+     * reduction: the cheapest of NCCL's algorithms, a tree's all-reduce below the ring's
+     * 2(n-1)/n over the busbw where a group has several ranks a node (a DP group mp apart,
+     * ZpRankOrder's tp-dp-pp), and each cost, latency plus bytes over a rate, subadditive
+     * over the buckets the schedule reduces them in. */
+    const double times = stage >= 2 ? accum : 1.0;
     const double reduce_s =
-        plan->zero.zero_quantized_gradients
-            ? reductions[stage] * qgz_s_per_elem(sc, plan)
+        plan->zero.zero_quantized_gradients ? reductions[stage] * qgz_s_per_elem(sc, plan)
+        : sc->coll_s && n > 1
+            ? times * sc->coll_s(sc->hw, plan->dp, (int)zp_plan_placed_dp_stride(plan),
+                                 ZP_GROUP_DP, reduce_kind, psi * zp_plan_reduce_bytes(plan))
             : sent * reductions[stage] * zp_plan_reduce_bytes(plan) / bw;
     double gather_s = 0, post_s = 0;
     if (stage == 3) {

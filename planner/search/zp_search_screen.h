@@ -29,6 +29,7 @@ typedef struct {
     const ZpModel *model;
     const ZpHw *hw;
     double params;
+    double block_elems_min; /* the smallest block's elements (units 1..L) */
     ZpBusBandwidthFn bus_bytes_per_s;
     ZpCollTimeFn coll_s;
     GHashTable *compute_memo;

@@ -105,8 +105,7 @@ static const ArgRule rules[] = {
     /* arguments.py: batch_p2p_comm = not overlap_p2p_comm, and batch_p2p_sync's default
      * synchronizes the device after each batch (p2p_communication.py _communicate) */
     SW("--no-overlap-p2p-communication", no_overlap_p2p),
-    /* initialize.py: order tp-cp-ep-pp-dp, the placement zplan models (cli_pipe_print_placement
-     * says where Megatron's default tp-cp-ep-dp-pp differs) */
+    /* initialize.py: order tp-cp-ep-pp-dp, not the default tp-cp-ep-dp-pp (ZpRankOrder) */
     SW("--use-tp-pp-dp-mapping", tp_pp_dp),
     REFUSE("--cpu-offloading", "activation offload is not modeled"),
 };
@@ -274,6 +273,7 @@ static gboolean degrees(const char *what, const ZpModel *model, int gpus, const 
         plan->pipe.schedule = ZP_PIPE_INTERLEAVED;
     }
     plan->sequence_parallel = a->sp;
+    plan->rank_order = a->tp_pp_dp ? ZP_ORDER_TP_PP_DP : ZP_ORDER_TP_DP_PP;
     return TRUE;
 }
 

@@ -293,6 +293,23 @@ const char *zp_pipe_schedule_name(ZpPipeSchedule schedule)
     return schedule_names[schedule];
 }
 
+static const char *const rank_order_names[] = {"tp-dp-pp", "tp-pp-dp", NULL};
+
+const char *zp_rank_order_name(ZpRankOrder order)
+{
+    return rank_order_names[order];
+}
+
+gboolean zp_rank_order_parse(const char *text, const char *flag, ZpRankOrder *out,
+                             GError **error)
+{
+    int v;
+    if (!zp_parse_choice(text, flag, rank_order_names, &v, error))
+        return FALSE;
+    *out = (ZpRankOrder)v;
+    return TRUE;
+}
+
 const char *zp_partition_name(ZpPartition partition)
 {
     return partition_names[partition];
@@ -442,6 +459,8 @@ void *zp_plan_to_json(const ZpPlan *plan)
         json_object_set_new(o, "attention_unrated", json_true());
     if (plan->sequence_parallel)
         json_object_set_new(o, "sequence_parallel", json_true());
+    if (plan->rank_order != ZP_ORDER_TP_DP_PP) /* only where it is not the default */
+        json_object_set_new(o, "rank_order", json_string(zp_rank_order_name(plan->rank_order)));
     /* Expert parallelism (a mixture of experts) only where it is not the default. */
     if (zp_plan_ep(plan) > 1 || plan->experts.capacity_factor > 0 || plan->experts.skew > 1)
         json_object_set_new(o, "experts",
@@ -547,7 +566,7 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
     json_t *o = json_object;
     int64_t dp, mp, micro, accum, node = 0;
     const char *precision, *optimizer, *attention = NULL, *reduce = NULL, *impl = NULL;
-    const char *recompute = NULL;
+    const char *recompute = NULL, *order = NULL;
     gboolean checkpoint = FALSE, main_grad = TRUE;
     json_t *zero = json_object_get(o, "zero");
     if (!json_is_object(zero)) {
@@ -559,7 +578,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
                                        "reduce_dtype", "impl", "zero", "activation_checkpointing",
                                        "gpus_per_node", "pipeline", "sequence_parallel",
                                        "recompute", "overlap_param_gather", "experts",
-                                       "main_grad", "p2p_sync", "attention_unrated", NULL};
+                                       "main_grad", "p2p_sync", "attention_unrated",
+                                       "rank_order", NULL};
     json_t *pipeline = json_object_get(o, "pipeline");
     json_t *experts = json_object_get(o, "experts");
     memset(plan, 0, sizeof *plan);
@@ -583,6 +603,8 @@ gboolean zp_plan_from_json(void *json_object, const char *what, ZpPlan *plan, GE
         !zp_json_get_bool(o, what, "sequence_parallel", FALSE, &plan->sequence_parallel,
                           error) ||
         !zp_json_get_string(o, what, "recompute", FALSE, &recompute, error) ||
+        !zp_json_get_string(o, what, "rank_order", FALSE, &order, error) ||
+        (order && !zp_rank_order_parse(order, "rank_order", &plan->rank_order, error)) ||
         !zp_json_get_bool(o, what, "overlap_param_gather", FALSE, &plan->overlap_param_gather,
                           error) ||
         !zp_json_get_bool(o, what, "main_grad", FALSE, &main_grad,

@@ -111,6 +111,17 @@ typedef struct {
     gboolean synchronize_checkpoint_boundary; /* device synchronize at each checkpoint */
 } ZpCheckpointConfig;
 
+/* The order of the world's ranks, fastest first, as the frameworks lay them on nodes
+ * (gpus_per_node consecutive ranks a node):
+ * - tp-dp-pp, the zero value: Megatron-Core's default (parallel_state.py
+ *   initialize_model_parallel, order "tp-cp-ep-dp-pp") and DeepSpeed's pipeline topology
+ *   (topology.py PipeModelDataParallelTopology, axes pipe, data, model: model fastest);
+ * - tp-pp-dp: Megatron-Core's --use-tp-pp-dp-mapping (order "tp-cp-ep-pp-dp").
+ * zplan numbers its ranks tp-pp-dp whatever the order (rank = dp x mp P + stage x mp + tp:
+ * the schedule's groups, the simulator's ranks, zreal's roles); the order says where each
+ * sits, which a group's links and a pipeline send's depend on (zp_plan_placed_rank). */
+typedef enum { ZP_ORDER_TP_DP_PP, ZP_ORDER_TP_PP_DP, ZP_ORDER_N } ZpRankOrder;
+
 /* Pipeline parallelism (zp_pipe): the schedule a stage runs its micro-batches in, and how
  * the layers are split over the stages. */
 typedef enum { ZP_PIPE_1F1B, ZP_PIPE_GPIPE, ZP_PIPE_INTERLEAVED, ZP_PIPE_N } ZpPipeSchedule;
@@ -188,6 +199,7 @@ typedef struct {
      * else an inventory's name (--kernels). */
     char kernels[16];
     ZpPipeConfig pipe;          /* pipeline stages; the zero value is none */
+    ZpRankOrder rank_order;     /* where the ranks sit: tp-dp-pp (the zero value) or tp-pp-dp */
     gboolean sequence_parallel; /* Megatron's sequence parallelism over the TP group */
     ZpExpertConfig experts;     /* expert parallelism (a mixture of experts only) */
     /* List zreal's own workspace on its CPU backend in the schedule (zp_cost_op_workspace_bytes,
@@ -231,6 +243,46 @@ static inline int zp_plan_step_grad_accum(const ZpPlan *plan)
 static inline int zp_plan_pp(const ZpPlan *plan)
 {
     return plan->pipe.stages > 1 ? plan->pipe.stages : 1;
+}
+
+/* Where zplan's rank `rank` (tp fastest, then stage, then dp: ZpRankOrder) sits in the
+ * world's `order`, with mp tensor ranks, dp replicas and pp stages: the same rank under
+ * tp-pp-dp; under tp-dp-pp stage x mp dp + dp index x mp + tp. */
+static inline int64_t zp_rank_placed(ZpRankOrder order, int64_t mp, int64_t dp, int64_t pp,
+                                     int64_t rank)
+{
+    const int64_t row = mp * pp;
+    if (order != ZP_ORDER_TP_DP_PP || pp == 1)
+        return rank;
+    return rank % row / mp * (mp * dp) + rank / row * mp + rank % mp;
+}
+/* The inverse: zplan's rank of the world's rank `placed`. */
+static inline int64_t zp_rank_of_placed(ZpRankOrder order, int64_t mp, int64_t dp, int64_t pp,
+                                        int64_t placed)
+{
+    const int64_t block = mp * dp;
+    if (order != ZP_ORDER_TP_DP_PP || pp == 1)
+        return placed;
+    return placed % block / mp * (mp * pp) + placed / block * mp + placed % mp;
+}
+static inline int64_t zp_plan_placed_rank(const ZpPlan *plan, int64_t rank)
+{
+    return zp_rank_placed(plan->rank_order, plan->mp, plan->dp, zp_plan_pp(plan), rank);
+}
+static inline int64_t zp_plan_rank_of_placed(const ZpPlan *plan, int64_t placed)
+{
+    return zp_rank_of_placed(plan->rank_order, plan->mp, plan->dp, zp_plan_pp(plan), placed);
+}
+/* The world's distance between a DP group's neighbours and a pipeline's stages under the
+ * plan's order (zplan's own: mp P and mp). */
+static inline int64_t zp_plan_placed_dp_stride(const ZpPlan *plan)
+{
+    return plan->rank_order == ZP_ORDER_TP_DP_PP ? plan->mp
+                                                 : (int64_t)plan->mp * zp_plan_pp(plan);
+}
+static inline int64_t zp_plan_placed_pp_stride(const ZpPlan *plan)
+{
+    return plan->rank_order == ZP_ORDER_TP_DP_PP ? (int64_t)plan->mp * plan->dp : plan->mp;
 }
 static inline int zp_plan_vstages(const ZpPlan *plan)
 {
@@ -336,6 +388,10 @@ const char *zp_pipe_schedule_name(ZpPipeSchedule schedule);
 gboolean zp_pipe_schedule_parse(const char *text, const char *flag, ZpPipeSchedule *out,
                                 GError **error);
 const char *zp_partition_name(ZpPartition partition);
+/* "tp-dp-pp" or "tp-pp-dp" (ZpRankOrder). */
+const char *zp_rank_order_name(ZpRankOrder order);
+gboolean zp_rank_order_parse(const char *text, const char *flag, ZpRankOrder *out,
+                             GError **error);
 gboolean zp_partition_parse(const char *text, const char *flag, ZpPartition *out,
                             GError **error);
 
