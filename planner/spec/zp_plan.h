@@ -245,25 +245,25 @@ static inline int zp_plan_pp(const ZpPlan *plan)
     return plan->pipe.stages > 1 ? plan->pipe.stages : 1;
 }
 
+/* A rank i + inner (m + middle o) of the mixed radix (inner, middle, outer), its two outer
+ * digits swapped: i + inner (o + outer m). */
+static inline int64_t zp_rank_swap_outer(int64_t rank, int64_t inner, int64_t middle,
+                                         int64_t outer)
+{
+    return rank % inner + inner * (rank / (inner * middle) + outer * (rank / inner % middle));
+}
 /* Where zplan's rank `rank` (tp fastest, then stage, then dp: ZpRankOrder) sits in the
  * world's `order`, with mp tensor ranks, dp replicas and pp stages: the same rank under
- * tp-pp-dp; under tp-dp-pp stage x mp dp + dp index x mp + tp. */
+ * tp-pp-dp; under tp-dp-pp tp + mp (dp index + dp stage). zp_rank_of_placed is the inverse. */
 static inline int64_t zp_rank_placed(ZpRankOrder order, int64_t mp, int64_t dp, int64_t pp,
                                      int64_t rank)
 {
-    const int64_t row = mp * pp;
-    if (order != ZP_ORDER_TP_DP_PP || pp == 1)
-        return rank;
-    return rank % row / mp * (mp * dp) + rank / row * mp + rank % mp;
+    return order == ZP_ORDER_TP_DP_PP ? zp_rank_swap_outer(rank, mp, pp, dp) : rank;
 }
-/* The inverse: zplan's rank of the world's rank `placed`. */
 static inline int64_t zp_rank_of_placed(ZpRankOrder order, int64_t mp, int64_t dp, int64_t pp,
                                         int64_t placed)
 {
-    const int64_t block = mp * dp;
-    if (order != ZP_ORDER_TP_DP_PP || pp == 1)
-        return placed;
-    return placed % block / mp * (mp * pp) + placed / block * mp + placed % mp;
+    return order == ZP_ORDER_TP_DP_PP ? zp_rank_swap_outer(placed, mp, dp, pp) : placed;
 }
 static inline int64_t zp_plan_placed_rank(const ZpPlan *plan, int64_t rank)
 {
