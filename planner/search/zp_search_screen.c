@@ -288,10 +288,11 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
      * 1-2 all-reduce their buckets too); stage 3 gathers at least what its implementation's
      * bound says (zp_impl.h); stages 1-2 all-gather the updated parameters after the
      * optimizer. */
-    /* A pipeline's stages reduce their own parameters, the last stage's earlier than the
-     * first's: the step is at least the first's chain and reduction, whose parameters are at
-     * least its V floor(L / (P V)) blocks' (the average stage's psi is no bound there: gpt-13b
-     * at TP 2 x PP 2 simulates up to 0.04 s below it, its first stage the lighter). */
+    /* A pipeline's stages reduce their own parameters after the flush, the last stage's
+     * earlier than the first's: the step is at least the first's chain and reduction, whose
+     * parameters are at least its V floor(L / (P V)) blocks'. The average stage's share is
+     * no bound there: the first stage holds less than it where the last holds an untied head
+     * bigger than the embedding, or a stage more blocks. */
     const double V = zp_plan_vstages(plan);
     const double stage_blocks = V * floor(L / (P * V));
     const double psi =
