@@ -116,10 +116,12 @@ void cli_note(const char *format, ...) G_GNUC_PRINTF(1, 2);
 json_t *cli_notes_json(void);
 
 /* cli_notes.c: notes a plan from --ds-config FILE or the flags owes its reader: the "auto"
- * values of FILE as resolved (batch sizes, bucket sizes, precision), and ZeRO++ features
- * that do nothing on the plan's placement (qgZ within one node). */
+ * values of FILE as resolved (batch sizes, bucket sizes, precision), what its framework
+ * would not run as given (Megatron's mixture of experts over TP without sequence
+ * parallelism), and ZeRO++ features that do nothing on the plan's placement (qgZ within one
+ * node). */
 void cli_note_ds_config_auto(const char *path, const ZpPlan *plan);
-void cli_note_inert_features(const ZpPlan *plan);
+void cli_note_inert_features(const ZpModel *model, const ZpPlan *plan);
 
 /* The longest sequence taken by default: a config's max_position_embeddings above it is the
  * longest the model can read, not what a step is trained at. */

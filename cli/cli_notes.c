@@ -58,10 +58,17 @@ void cli_note_ds_config_auto(const char *path, const ZpPlan *plan)
     json_decref(root);
 }
 
-/* ZeRO++ features a plan carries that do nothing on this placement, said rather than dropped
- * silently. */
-void cli_note_inert_features(const ZpPlan *plan)
+/* What a plan carries that its framework would not run as given (a mixture of experts over
+ * TP without sequence parallelism, under Megatron), and ZeRO++ features that do nothing on
+ * this placement: said rather than dropped silently. */
+void cli_note_inert_features(const ZpModel *model, const ZpPlan *plan)
 {
+    if (plan->impl == ZP_IMPL_MEGATRON && zp_moe_enabled(&model->moe) && plan->mp > 1 &&
+        !plan->sequence_parallel)
+        cli_note("Megatron-Core does not train a mixture of experts over TP %d without "
+                 "--sequence-parallel (megatron/core/transformer/moe/moe_layer.py MoELayer.forward "
+                 "raises): simulated as given, every tensor rank routing the whole sequence.",
+                 plan->mp);
     if (plan->zero.stage == 3 && plan->zero.zero_quantized_gradients &&
         zp_impl_get(plan->impl)->qgz_by_tensor && !zp_zeropp_qgz_across_nodes(plan))
         cli_note("zero_quantized_gradients (qgZ) does nothing here: DeepSpeed quantises "

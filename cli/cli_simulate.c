@@ -403,7 +403,7 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
             return FALSE;
         }
         cli_note_ds_config_auto(f->ds_config, plan);
-        cli_note_inert_features(plan);
+        cli_note_inert_features(model, plan);
         return TRUE;
     }
     int gpus = 0, stage = 0, micro_batch = 0, mp = 1, grad_accum = 1, pp = 1;
@@ -461,7 +461,7 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
         cli_offload(f->offload_optimizer, f->offload_param, f->nvme_path, &plan->zero, error) &&
         cli_offload_tuning(&f->tuning, &plan->zero, error);
     if (ok && hw)
-        cli_note_inert_features(plan);
+        cli_note_inert_features(model, plan);
     return ok;
 }
 

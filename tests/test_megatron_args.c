@@ -290,6 +290,24 @@ static void test_moe(void)
         json_decref(from_file);
         json_decref(from_flags);
     }
+    /* The flags without --sequence-parallel: simulated, with a note that Megatron would not
+     * train it; with it, no such note. */
+    for (int sp = 0; sp <= 1; sp++) {
+        args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --ep 4 --micro-batch 1 "
+                               "--precision bf16%s --json",
+                               common, sp ? " --sequence-parallel" : "");
+        json_t *j = tu_zplan_json_fit_or_not(args);
+        gboolean said = FALSE;
+        size_t k;
+        json_t *note;
+        json_array_foreach(json_object_get(j, "notes"), k, note)
+        {
+            said = said || strstr(json_string_value(note), "without --sequence-parallel");
+        }
+        g_assert_cmpint(said, ==, !sp);
+        json_decref(j);
+        g_free(args);
+    }
     args = g_strdup_printf("%s --megatron-args %s --ep 2", common, path);
     TuRun r = tu_zplan(args);
     g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
