@@ -93,6 +93,11 @@ int zp_ep_tp_gather(const ZpPlan *plan)
     return plan->sequence_parallel && plan->mp > 1 ? plan->mp : 1;
 }
 
+gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan)
+{
+    return zp_ep_tp_gather(plan) == 1 || model->moe.shared_ffn > 0;
+}
+
 /* One block's saved activations with the MLP `ffn` wide (0: attention and norms alone). */
 static double block_bytes(const ZpModel *model, const ZpPlan *plan, int64_t ffn)
 {

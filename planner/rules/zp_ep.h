@@ -62,6 +62,13 @@ typedef struct {
  * reduce-scatters their outputs after): sequence parallelism over t > 1 tensor ranks; else 1. */
 int zp_ep_tp_gather(const ZpPlan *plan);
 
+/* Whether a sparse block's MLP ends in a tensor-parallel sum (Megatron's row-parallel fc2):
+ * with shared experts it does (Megatron-Core's SharedExpertMLP: its fc1 gathers the sequence,
+ * its fc2 reduce-scatters it), and without sequence parallelism the routed experts' partial
+ * outputs are summed over the tensor group; else the expert tensor group reduce-scatters
+ * them itself (zp_ep_tp_gather) and the block keeps the attention's sum alone. */
+gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan);
+
 /* A plan's sparse-layer tokens, buffers and activations per rank (16-bit activations in the
  * plan's precision; T = b s, over t with sequence parallelism). */
 ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan);

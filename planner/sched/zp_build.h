@@ -386,9 +386,8 @@ void zp_build_free_gathers(Builder *b, int key, int micro);
 ZpTpSum zp_build_tp_sum_shape(const ZpSchedule *s);
 /* `sums` tensor-parallel sums after the last compute op, which the next compute op waits for. */
 void zp_build_tp_sums(Builder *b, int unit, int micro, int sums);
-/* Whether unit's MLP ends in a tensor-parallel sum (zp_build_moe.c): a dense block's does,
- * and a sparse block's unless sequence parallelism leaves it only the experts, whose outputs
- * the expert tensor group reduce-scatters itself (zp_ep_tp_gather). */
+/* Whether unit's MLP ends in a tensor-parallel sum (zp_build_moe.c): a dense block's does, a
+ * sparse block's as zp_ep_sparse_mlp_sums says. */
 gboolean zp_build_moe_mlp_sums(const ZpSchedule *s, int unit);
 /* The sums after a whole block's op at unit (0 without tensor parallelism): Megatron's two
  * all-reduces of a block, after the row-parallel attention projection and MLP output in

@@ -109,12 +109,7 @@ double zp_build_moe_optimizer_elems(const ZpSchedule *s)
 
 gboolean zp_build_moe_mlp_sums(const ZpSchedule *s, int unit)
 {
-    /* A sparse block's shared experts are a tensor-parallel MLP of their own (Megatron-Core's
-     * SharedExpertMLP: its fc1 gathers the sequence, its fc2 reduce-scatters it); its routed
-     * experts' outputs, without sequence parallelism summed with theirs over the tensor
-     * group, are otherwise reduce-scattered by the expert tensor group (tp_gather). */
-    return !zp_build_moe_sparse(s, unit) || zp_ep_tp_gather(&s->plan) == 1 ||
-           s->model.moe.shared_ffn > 0;
+    return !zp_build_moe_sparse(s, unit) || zp_ep_sparse_mlp_sums(&s->model, &s->plan);
 }
 
 /* ---- a block's cost by its own widths ------------------------------------------------- */

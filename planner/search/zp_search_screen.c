@@ -266,7 +266,7 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
     const double chunks = accum * zp_plan_vstages(plan), bubble = (chunks + P - 1) / chunks;
 
     /* Megatron's all-reduces of b*s*h, two per block forward, backward and recompute, each
-     * tp_allreduce_s; one in a sparse block whose MLP has none (zp_build_moe_mlp_sums: its
+     * tp_allreduce_s; one in a sparse block whose MLP has none (zp_ep_sparse_mlp_sums: its
      * experts' tensor-group gather and reduce-scatter, not counted here, only add). Those
      * after a block's backward run beside the gradient reductions launched there (another
      * stream), so only the rest add to them. */
@@ -274,9 +274,9 @@ static double step_bound_s(const ZpScreen *sc, const ZpPlan *plan, double gather
     const double all_s = compute_s(sc, plan, kind, &each_s);
     double tp_s = 0, tp_bwd_s = 0;
     if (plan->mp > 1) {
-        const gboolean mlp_sums = zp_ep_tp_gather(plan) == 1 || m->moe.shared_ffn > 0;
-        const double sums =
-            2.0 * L - (mlp_sums ? 0.0 : (double)zp_moe_sparse_layers(&m->moe, m->layers));
+        const double sums = 2.0 * L - (zp_ep_sparse_mlp_sums(m, plan)
+                                           ? 0.0
+                                           : (double)zp_moe_sparse_layers(&m->moe, m->layers));
         const double one_s = accum * sums * each_s; /* a pass's sums over the blocks */
         tp_s = (plan->checkpoint ? 2.0 : 1.0) * one_s;
         tp_bwd_s = one_s;
