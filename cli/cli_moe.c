@@ -79,9 +79,6 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
            "rank's experts take %.0f (%s)\n",
            a.tokens, a.routed_tokens, a.received_tokens,
            p->experts.capacity_factor > 0 ? "capacity factor, padded" : "dropless, x skew");
-    if (zp_ep_tp_gather(p) > 1)
-        printf("  its experts compute %.0f, all-gathered over the %d tensor ranks (sequence "
-               "parallel)\n", a.expert_tokens, zp_ep_tp_gather(p));
     printf("  %-44s %9.3f\n", "router probabilities and indices", a.router_bytes / GB);
     printf("  %-44s %9.3f\n", "dispatch buffers (send + receive)", a.dispatch_bytes / GB);
     printf("  %-44s %9.3f\n", "combine buffers (send + receive)", a.combine_bytes / GB);
