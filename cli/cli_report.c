@@ -362,12 +362,17 @@ gboolean cli_report_html(const char *path, const char *title, const char *verdic
              "s", 1);
     /* The groups simulate's text and JSON name: data parallel with its ZeRO++ and expert
      * subgroups (a page that drew the DP group alone showed 30.1 GB of Mixtral-8x7B's 148.5),
-     * and a mixture of experts' all-to-alls where it has them. */
-    const char *const groups[] = {"data parallel", "tensor parallel", "pipeline",
-                                  "expert all-to-all"};
-    const double bytes[] = {cli_dp_bytes(r->comm_bytes), r->comm_bytes[ZP_GROUP_TP],
-                            r->comm_bytes[ZP_GROUP_PP], r->comm_bytes[ZP_GROUP_EP]};
-    const int n_groups = bytes[3] > 0 ? 4 : 3;
+     * and a mixture of experts' dispatcher where it has one: the all-to-alls, or the
+     * all-gather dispatcher's collectives over TP x EP. */
+    const char *groups[] = {"data parallel", "tensor parallel", "pipeline", NULL};
+    double bytes[] = {cli_dp_bytes(r->comm_bytes), r->comm_bytes[ZP_GROUP_TP],
+                      r->comm_bytes[ZP_GROUP_PP], 0};
+    int n_groups = 3;
+    const ZpGroup dispatch = r->comm_bytes[ZP_GROUP_EP] > 0 ? ZP_GROUP_EP : ZP_GROUP_TPEP;
+    if (r->comm_bytes[dispatch] > 0) {
+        groups[n_groups] = dispatch == ZP_GROUP_EP ? "expert all-to-all" : "expert TP x EP gathers";
+        bytes[n_groups++] = r->comm_bytes[dispatch];
+    }
     bars_svg(out, "Bytes each rank sends, by group", groups, bytes, n_groups, "GB", GB);
     return page_close(out, path, error);
 }

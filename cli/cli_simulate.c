@@ -28,6 +28,7 @@ typedef struct {
     char *precision, *optimizer, *trace, *ds_config, *out, *seq, *attention, *reduce_dtype;
     char *recompute, *megatron_args;
     char *ep, *capacity_factor, *expert_skew; /* --ep, --capacity-factor, --expert-skew */
+    char *moe_dispatcher;                     /* --moe-dispatcher alltoall|allgather */
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
     char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
@@ -153,6 +154,8 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--ep", f->ep != NULL, FROM_SCHEDULE | FROM_MEGATRON},
         {"--capacity-factor", f->capacity_factor != NULL, FROM_SCHEDULE | FROM_MEGATRON},
         {"--expert-skew", f->expert_skew != NULL, FROM_SCHEDULE},
+        /* Megatron's is --moe-token-dispatcher-type; DeepSpeed's experts take the all-to-all */
+        {"--moe-dispatcher", f->moe_dispatcher != NULL, FROM_BOTH | FROM_MEGATRON},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -452,8 +455,16 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
         (!kernel_checked(f) && f->attention && !cli_attention_zreal(f->attention, plan, error)) ||
         !cli_recompute(f->recompute, f->checkpoint, plan, error))
         return FALSE;
+    if (f->moe_dispatcher && !zp_moe_enabled(&model->moe)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "--moe-dispatcher: %s is not a mixture of experts", model->name);
+        return FALSE;
+    }
     if (!cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &plan->experts, error) ||
-        !zp_ep_check(model, plan, "--ep", error))
+        !zp_ep_check(model, plan, "--ep", error) ||
+        (f->moe_dispatcher && (!zp_dispatcher_parse(f->moe_dispatcher, "--moe-dispatcher",
+                                                    &plan->experts.dispatcher, error) ||
+                               !zp_ep_dispatcher_check(model, plan, "--moe-dispatcher", error))))
         return FALSE;
     zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */
     const gboolean ok =
@@ -765,6 +776,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[56])
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP), paper (the ZeRO paper's volumes), megatron (Megatron-Core's DDP and distributed optimizer: stages 0 and 1) or fsdp2 (PyTorch's fully_shard: stage 3 reshards after forward, stage 2 does not)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_MOE_ENTRIES(&f->ep, &f->capacity_factor, &f->expert_skew),
+        {"moe-dispatcher", 0, 0, G_OPTION_ARG_STRING, &f->moe_dispatcher, "A mixture of experts under --impl megatron: alltoall (default) or allgather (Megatron-Core's default --moe-token-dispatcher-type: each rank gathers every token of its TP x EP group, its experts' outputs are reduce-scattered back)", "D"},
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),
         {NULL, 0, 0, 0, NULL, NULL, NULL},
@@ -782,7 +794,8 @@ static void free_flags(SimulateFlags *f)
                       &f->attention, &f->reduce_dtype, &f->impl, &f->kernels, &f->schedule, &f->hpz,
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path,
                       &f->gpu_memory, &f->html, &f->recompute,
-                      &f->megatron_args, &f->ep, &f->capacity_factor, &f->expert_skew};
+                      &f->megatron_args, &f->ep, &f->capacity_factor, &f->expert_skew,
+                      &f->moe_dispatcher};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);

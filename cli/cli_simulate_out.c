@@ -246,6 +246,12 @@ int cli_simulate_print_json(const CliSimReport *p)
     if (zp_moe_enabled(&p->model->moe)) { /* expert parallelism's groups and all-to-all */
         json_object_set_new(comm, "ep", json_real(r->comm_bytes[ZP_GROUP_EP]));
         json_object_set_new(comm, "edp", json_real(r->comm_bytes[ZP_GROUP_EDP]));
+        if (p->plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
+            json_object_set_new(comm, "tpep", json_real(r->comm_bytes[ZP_GROUP_TPEP]));
+            json_object_set_new(root, "moe_dispatcher",
+                                json_string(zp_dispatcher_name(p->plan->experts.dispatcher)));
+        }
+        /* the dispatcher's collectives: the all-to-alls, or the all-gather dispatcher's */
         const double a2a = r->alltoall_s;
         json_object_set_new(root, "alltoall_s", json_real(a2a));
         json_object_set_new(root, "alltoall_share", json_real(a2a / r->step_time_s));
@@ -531,7 +537,14 @@ void cli_simulate_print_human(const CliSimReport *p)
     for (int g = ZP_GROUP_N; g < n_groups; g++)
         printf(", %.3f GB %s", r->comm_bytes[g] / GB, groups[g].name);
     printf("\n");
-    if (zp_moe_enabled(&p->model->moe)) {
+    if (zp_moe_enabled(&p->model->moe) && plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
+        const double x = r->alltoall_s;
+        printf("    expert parallelism           %10.3f GB gathered and reduce-scattered over TP "
+               "x EP %d (the allgather dispatcher), %.3f GB over the expert-data-parallel group; "
+               "the dispatcher's collectives %.4f s, %.1f%% of the step\n",
+               r->comm_bytes[ZP_GROUP_TPEP] / GB, plan->mp * zp_plan_ep(plan),
+               r->comm_bytes[ZP_GROUP_EDP] / GB, x, 100.0 * x / r->step_time_s);
+    } else if (zp_moe_enabled(&p->model->moe)) {
         const double a2a = r->alltoall_s;
         printf("    expert parallelism           %10.3f GB all-to-all over EP %d, %.3f GB over the "
                "expert-data-parallel group; all-to-all %.4f s, %.1f%% of the step\n",

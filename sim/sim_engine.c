@@ -741,7 +741,8 @@ G_ALWAYS_INLINE static inline void member_finishes(Sim *sim, const Path path, ui
     rs->comm_active--;
     unsettle(sim, m);
     ADD_SUM(sim, path, sim->busy[m].busy_s[op->stream], now_s - start_s);
-    if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
+    if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE ||
+        op->group == ZP_GROUP_TPEP)
         ADD_SUM(sim, path, sim->busy[m].alltoall_s, now_s - start_s);
     add_op_type(sim, path, m, op, now_s - start_s);
     complete(sim, path, m, i, now_s);

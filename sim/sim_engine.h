@@ -120,8 +120,10 @@ typedef struct SimResult {
     int report_rank;
     double stream_busy_s[ZP_STREAM_N]; /* compute op durations; collective start to end */
     double compute_s, exposed_comm_s, optimizer_s, idle_s;
-    /* Of the reported rank's time, its mixture of experts' all-to-alls (EP dispatch and
-     * combine, start to end; on the compute stream, inside compute_s and exposed_comm_s' span) */
+    /* Of the reported rank's time, its mixture of experts' dispatcher's collectives (the EP
+     * all-to-alls' dispatch and combine, or the all-gather dispatcher's gathers and
+     * reduce-scatters over TP x EP; start to end; on the compute stream, inside compute_s and
+     * exposed_comm_s' span) */
     double alltoall_s;
     double cpu_optimizer_s, offload_transfer_s;
     double offload_bytes[ZP_XFER_N]; /* bytes one rank moves per step, by ZpTransferKind */

@@ -204,7 +204,8 @@ typedef struct {
 typedef struct {
     double busy_s[ZP_STREAM_N];
     double compute_s, optimizer_s;
-    double alltoall_s; /* a mixture of experts' dispatch and combine, start to end */
+    double alltoall_s; /* a mixture of experts' dispatch and combine (the all-to-alls, or
+                        * the all-gather dispatcher's collectives), start to end */
 } RankBusy;
 
 typedef struct {

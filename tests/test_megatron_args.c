@@ -215,8 +215,22 @@ static void test_moe(void)
     g_assert_cmpint(p.experts.ep, ==, 4);
     g_assert_cmpfloat(p.experts.capacity_factor, ==, 1.25);
     g_assert_cmpint(p.mp, ==, 2);
+    g_assert_cmpint(p.experts.dispatcher, ==, ZP_DISPATCH_ALLTOALL);
     g_assert_cmpstr(said, ==, "");
     g_free(said), g_free(args);
+    /* Megatron's default dispatcher, allgather, over TP x EP without a pipeline, over EP with
+     * one (TP 1), and over TP with one (EP 1) */
+    const char *gathers[] = {
+        "--num-experts 8 --expert-model-parallel-size 2 --tensor-model-parallel-size 2 "
+        "--sequence-parallel",
+        "--num-experts 8 --expert-model-parallel-size 4 --pipeline-model-parallel-size 2",
+        "--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel "
+        "--pipeline-model-parallel-size 2"};
+    for (size_t i = 0; i < G_N_ELEMENTS(gathers); i++) {
+        g_assert_true(parse_words("moe.sh", gathers[i], &m, 16, &p, &said));
+        g_assert_cmpint(p.experts.dispatcher, ==, ZP_DISPATCH_ALLGATHER);
+        g_free(said);
+    }
     const struct {
         const char *args, *says;
     } bad[] = {
@@ -226,11 +240,10 @@ static void test_moe(void)
          "--moe-router-topk is 1 (2 when absent) but the model"},
         {"--num-experts 8 --moe-token-dispatcher-type alltoall --expert-model-parallel-size 3",
          "--expert-model-parallel-size 3 does not divide the 8 experts"},
-        {"--num-experts 8 --expert-model-parallel-size 2",
-         "--moe-token-dispatcher-type allgather (Megatron's default) over TP x EP = 2 is not "
-         "modeled"},
-        {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel",
-         "allgather (Megatron's default) over TP x EP = 2"},
+        {"--num-experts 8 --expert-model-parallel-size 2 --tensor-model-parallel-size 2 "
+         "--sequence-parallel --pipeline-model-parallel-size 2",
+         "--moe-token-dispatcher-type: allgather over TP 2 x EP 2 with a pipeline of 2 stages "
+         "is not modeled"},
         {"--num-experts 8 --moe-token-dispatcher-type alltoall --tensor-model-parallel-size 2",
          "--sequence-parallel: absent, but Megatron-Core trains a mixture of experts with "
          "--tensor-model-parallel-size > 1 only with it"},
@@ -312,6 +325,40 @@ static void test_moe(void)
     TuRun r = tu_zplan(args);
     g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
     g_assert_nonnull(strstr(r.err, "--ep: the plan comes from --megatron-args"));
+    tu_free(&r);
+    g_free(args), g_free(words);
+    g_unlink(path);
+    g_free(path);
+    /* Megatron's default dispatcher from the file is --moe-dispatcher allgather's step; its
+     * bytes go over TP x EP, none over EP's all-to-all; --moe-dispatcher beside the file is
+     * refused (the file's --moe-token-dispatcher-type says it). */
+    words = g_strdup("pretrain_gpt.py --num-experts 8 --moe-grouped-gemm "
+                     "--tensor-model-parallel-size 2 --sequence-parallel --bf16 "
+                     "--expert-model-parallel-size 4 --micro-batch-size 1 "
+                     "--global-batch-size 32 --use-distributed-optimizer --use-flash-attn");
+    path = write_args(words);
+    args = g_strdup_printf("%s --megatron-args %s --json", common, path);
+    json_t *from_file = tu_zplan_json_fit_or_not(args);
+    g_free(args);
+    args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --sequence-parallel --ep 4 "
+                           "--micro-batch 1 --grad-accum 4 --precision bf16 --no-overlap "
+                           "--attention flash --reduce-dtype fp32 --reduce-bucket-size 40000000 "
+                           "--moe-dispatcher allgather --json", common);
+    json_t *from_flags = tu_zplan_json_fit_or_not(args);
+    g_free(args);
+    g_assert_cmpfloat(json_number_value(json_object_get(from_file, "step_time_s")), ==,
+                      json_number_value(json_object_get(from_flags, "step_time_s")));
+    json_t *comm = json_object_get(from_file, "comm_bytes_per_rank");
+    g_assert_cmpfloat(json_number_value(json_object_get(comm, "tpep")), >, 0);
+    g_assert_cmpfloat(json_number_value(json_object_get(comm, "ep")), ==, 0);
+    g_assert_cmpstr(json_string_value(json_object_get(from_file, "moe_dispatcher")), ==,
+                    "allgather");
+    json_decref(from_file);
+    json_decref(from_flags);
+    args = g_strdup_printf("%s --megatron-args %s --moe-dispatcher alltoall", common, path);
+    r = tu_zplan(args);
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_nonnull(strstr(r.err, "--moe-dispatcher: the plan comes from --megatron-args"));
     tu_free(&r);
     g_free(args), g_free(words);
     g_unlink(path);

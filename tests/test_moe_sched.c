@@ -736,14 +736,18 @@ static void test_block_kernels(void)
         int unit, mp;
         ZpAttention attention;
         gboolean sp;
-    } cases[] = {{&m, 1, 1, ZP_ATTN_FLASH2, FALSE}, {&m, 1, 2, ZP_ATTN_EAGER, FALSE},
-                 {&m, 1, 2, ZP_ATTN_FLASH2, TRUE},   {&ds, 1, 1, ZP_ATTN_FLASH2, FALSE},
-                 {&ds, 4, 1, ZP_ATTN_FLASH2, FALSE}, {&ds, 4, 2, ZP_ATTN_EAGER, FALSE},
-                 {&ds, 4, 2, ZP_ATTN_EAGER, TRUE}};
+        ZpDispatcher dispatcher;
+    } cases[] = {{&m, 1, 1, ZP_ATTN_FLASH2, FALSE, 0},  {&m, 1, 2, ZP_ATTN_EAGER, FALSE, 0},
+                 {&m, 1, 2, ZP_ATTN_FLASH2, TRUE, 0},   {&ds, 1, 1, ZP_ATTN_FLASH2, FALSE, 0},
+                 {&ds, 4, 1, ZP_ATTN_FLASH2, FALSE, 0}, {&ds, 4, 2, ZP_ATTN_EAGER, FALSE, 0},
+                 {&ds, 4, 2, ZP_ATTN_EAGER, TRUE, 0},
+                 {&m, 1, 2, ZP_ATTN_FLASH2, TRUE, ZP_DISPATCH_ALLGATHER},
+                 {&ds, 4, 2, ZP_ATTN_EAGER, TRUE, ZP_DISPATCH_ALLGATHER}};
     for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
         ZpPlan q = p;
         q.mp = cases[c].mp, q.dp = 8 / cases[c].mp, q.experts.ep = q.dp;
         q.attention = cases[c].attention, q.sequence_parallel = cases[c].sp;
+        q.experts.dispatcher = cases[c].dispatcher;
         for (int bwd = 0; bwd <= 1; bwd++) {
             double flops = 0, bytes = 0;
             g_assert_true(zp_sched_unit_block_op(cases[c].model, &q, cases[c].unit,
@@ -831,6 +835,162 @@ static void test_sequence_parallel_experts(void)
     }
 }
 
+/* Megatron-Core's default dispatcher (token_dispatcher.py MoEAllGatherTokenDispatcher) on the
+ * 2-layer MoE (h 64, E 4, top 2, f_e 32) at mp 2, dp 4, EP 2, micro-batch 2 under sequence
+ * parallelism, by hand:
+ * - each rank routes its T = 16 tokens; the TP x EP group of 4 ranks (consecutive, no
+ *   pipeline) gathers G = 64 of them: the routing map, 64 x 4 bytes; the probabilities,
+ *   64 x 4 bf16 = 512 bytes; the tokens, 64 x 64 = 4,096 elements, 8,192 bytes;
+ * - the rank's 2 experts take their half of the 128 copies, split over t: t R = 64 tokens, so
+ *   2 x 64 x (64 x 2 x 16 + 16 x 64) = 393,216 FLOPs forward, the all-to-all's own;
+ * - unpermute zeroes 64 rows and scatter-adds 64 into them, e (G + 3 t R) h = 32,768 bytes,
+ *   and the sum's 4,096 elements are reduce-scattered; backward the reduce-scatter's
+ *   transpose gathers 8,192 bytes, and the tokens' and the probabilities' gradients are
+ *   reduce-scattered (8,192 and 512): per layer 4 gathers and 3 reduce-scatters, no
+ *   all-to-all and no expert tensor group gather;
+ * - the buffers: (G + t R) h e + G E (e + 1) = 17,152 bytes dispatched, (t R + G) h e =
+ *   16,384 combined; the block keeps the attention's sum alone;
+ * - a rank sends 3/4 of (256 + 512 + 8,192 + 8,192 + 8,192 + 8,192 + 512) x 2 layers =
+ *   51,072 bytes over TP x EP, in the simulation too, and the file reads back. */
+static void test_allgather_dispatcher(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 4, 2);
+    p.impl = ZP_IMPL_MEGATRON, p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+    p.experts.ep = 2, p.sequence_parallel = TRUE;
+    p.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+    zp_impl_plan_defaults(&p);
+    const ZpEpActivations a = zp_ep_activations(&m, &p);
+    g_assert_cmpfloat(a.gathered_tokens, ==, 64);
+    g_assert_cmpfloat(a.expert_tokens, ==, 64);
+    g_assert_cmpfloat(a.dispatch_bytes, ==, 17152);
+    g_assert_cmpfloat(a.combine_bytes, ==, 16384);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    zp_sched_groups(s, groups);
+    g_assert_cmpint(groups[ZP_GROUP_TPEP].ranks, ==, 4);
+    g_assert_cmpint(groups[ZP_GROUP_TPEP].stride, ==, 1);
+    guint experts = 0, gathers = 0, scatters = 0, sums = 0, unpermutes = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EXPERT_FWD) {
+            experts++;
+            g_assert_cmpfloat(op->flops, ==, 393216);
+        }
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPERMUTE_FWD) {
+            unpermutes++;
+            g_assert_cmpfloat(op->mem_bytes, ==, 32768);
+        }
+        if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_EP_BUFFERS)
+            g_assert_true(op->bytes == 17152 || op->bytes == 16384);
+        if (op->kind != ZP_OP_COLLECTIVE)
+            continue;
+        g_assert_true(op->sub != ZP_COLL_EP_DISPATCH && op->sub != ZP_COLL_EP_COMBINE);
+        if (op->group == ZP_GROUP_TPEP) {
+            g_assert_cmpint(op->stream, ==, ZP_STREAM_COMPUTE);
+            g_assert_true(op->bytes == 256 || op->bytes == 512 || op->bytes == 8192);
+            gathers += op->sub == ZP_COLL_ALLGATHER;
+            scatters += op->sub == ZP_COLL_REDUCE_SCATTER;
+        } else if (op->group == ZP_GROUP_TP && op->unit >= 1 && op->unit <= 2) {
+            g_assert_cmpuint(op->elems, ==, 2048); /* the attention's sum, no expert gather */
+            sums += op->sub == ZP_COLL_REDUCE_SCATTER;
+        }
+    }
+    g_assert_cmpuint(experts, ==, 2);
+    g_assert_cmpuint(unpermutes, ==, 2);
+    g_assert_cmpuint(gathers, ==, 8);
+    g_assert_cmpuint(scatters, ==, 6);
+    g_assert_cmpuint(sums, ==, 4);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TPEP), ==, 51072);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), ==, 0);
+    /* the checker names an all-reduce over tpep, and a tpep op in a plan of the all-to-all */
+    for (guint i = 0; i < s->ops->len; i++) {
+        ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        if (op->group == ZP_GROUP_TPEP && op->kind == ZP_OP_COLLECTIVE) {
+            op->sub = ZP_COLL_ALLREDUCE;
+            g_assert_false(zp_schedcheck_ops(s, "sum", &error));
+            g_assert_nonnull(strstr(error->message, "allreduce: the allgather dispatcher gathers "
+                                                    "and reduce-scatters"));
+            g_clear_error(&error);
+            op->sub = ZP_COLL_ALLGATHER;
+            break;
+        }
+    }
+    ZpPlan a2a = p;
+    a2a.experts.dispatcher = ZP_DISPATCH_ALLTOALL;
+    ZpSchedule *x = zp_sched_build(&m, &a2a, &error);
+    g_assert_no_error(error);
+    for (guint i = 0; i < x->ops->len; i++) {
+        ZpOp *op = &g_array_index(x->ops, ZpOp, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_EP_DISPATCH) {
+            op->sub = ZP_COLL_ALLGATHER, op->group = ZP_GROUP_TPEP;
+            break;
+        }
+    }
+    g_assert_false(zp_schedcheck_ops(x, "a2a", &error));
+    g_assert_nonnull(strstr(error->message, "tpep: only the allgather dispatcher's"));
+    g_clear_error(&error);
+    zp_sched_free(x);
+    ZpHw hw = tu_load_hw("dgx-h100");
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_TPEP], ==, 51072);
+    g_assert_cmpfloat(r->alltoall_s, >, 0);
+    sim_result_free(r);
+    char *path = NULL;
+    const int fd = g_file_open_tmp("zp-moe-XXXXXX.json", &path, NULL);
+    close(fd);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    for (int graph = 0; graph < 2; graph++) {
+        ZpSchedule *t = graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
+        g_assert_no_error(error);
+        g_assert_cmpuint(t->ops->len, ==, s->ops->len);
+        tu_assert_same_groups(s, t);
+        g_assert_cmpfloat(zp_sched_comm_bytes(t, ZP_GROUP_TPEP), ==, 51072);
+        zp_sched_free(t);
+    }
+    g_unlink(path);
+    g_free(path);
+    zp_sched_free(s);
+    /* EP 1 at TP 2 (the tensor group), TP 1 at EP 4 over a pipeline (the EP group), and over
+     * TP 2 x EP 2 with a pipeline refused, naming the field */
+    const struct {
+        int mp, dp, pp, ep, ranks, stride;
+    } shapes[] = {{2, 4, 1, 1, 2, 1}, {1, 4, 2, 4, 4, 2}, {2, 2, 2, 2, 0, 0}};
+    for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
+        ZpPlan q;
+        zp_plan_defaults(&q, 1, shapes[k].dp, shapes[k].mp);
+        q.impl = ZP_IMPL_MEGATRON, q.precision = ZP_PREC_BF16, q.micro_batch = 2;
+        q.sequence_parallel = shapes[k].mp > 1, q.grad_accum = 4;
+        q.pipe.stages = shapes[k].pp;
+        q.experts.ep = shapes[k].ep, q.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+        zp_impl_plan_defaults(&q);
+        s = zp_sched_build(&m, &q, &error);
+        if (shapes[k].ranks == 0) {
+            g_assert_null(s);
+            g_assert_nonnull(strstr(error->message, "experts.dispatcher: allgather over TP 2 x "
+                                                    "EP 2 with a pipeline of 2 stages"));
+            g_clear_error(&error);
+            continue;
+        }
+        g_assert_no_error(error);
+        zp_sched_groups(s, groups);
+        g_assert_cmpint(groups[ZP_GROUP_TPEP].ranks, ==, shapes[k].ranks);
+        g_assert_cmpint(groups[ZP_GROUP_TPEP].stride, ==, shapes[k].stride);
+        g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TPEP), >, 0);
+        zp_sched_free(s);
+    }
+    p.impl = ZP_IMPL_DEEPSPEED;
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_nonnull(strstr(error->message, "allgather is Megatron-Core's dispatcher"));
+    g_clear_error(&error);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -848,5 +1008,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/block-kernels", test_block_kernels);
     g_test_add_func("/moe-sched/experts-in-ipg-buckets", test_experts_in_ipg_buckets);
     g_test_add_func("/moe-sched/sequence-parallel-experts", test_sequence_parallel_experts);
+    g_test_add_func("/moe-sched/allgather-dispatcher", test_allgather_dispatcher);
     return g_test_run();
 }

@@ -24,7 +24,7 @@ const char *const zp_sched_transfer_names[] = {"d2h", "h2d", "nvme_read", "nvme_
 /* ZeRO++'s built-in groups carry names of their own, so a file's groups ("node", "world")
  * keep theirs. */
 const char *const zp_sched_group_names[] = {"dp", "tp", "pp", "hpz", "qgz_node", "qgz_cross",
-                                            "ep", "edp", NULL};
+                                            "ep", "edp", "tpep", NULL};
 
 const char *zp_sched_compute_name(ZpComputeKind kind) { return zp_sched_compute_names[kind]; }
 const char *zp_sched_op_kind_name(ZpOpKind kind) { return zp_sched_kind_names[kind]; }

@@ -30,6 +30,17 @@ gboolean zp_ep_check(const ZpModel *model, const ZpPlan *plan, const char *flag,
     return TRUE;
 }
 
+gboolean zp_ep_dispatcher_check(const ZpModel *model, const ZpPlan *plan, const char *flag,
+                                GError **error)
+{
+    if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER && !zp_moe_enabled(&model->moe)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: allgather: %s is not a mixture of "
+                    "experts", flag, model->name);
+        return FALSE;
+    }
+    return zp_plan_dispatcher_check(plan, flag, error);
+}
+
 double zp_ep_expert_params(const ZpModel *model)
 {
     double elems = 0;
@@ -76,6 +87,15 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
     } else {
         a->received_tokens = a->routed_tokens * zp_plan_expert_skew(plan);
     }
+    if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
+        /* MoEAllGatherTokenDispatcher.token_dispatch gathers the T tokens of each of the t EP
+         * ranks of the TP x EP group (over t and EP even at 1: the gather is the identity
+         * there); the rank's E/EP experts take their 1/EP of the copies, each expert split t
+         * ways as the dense MLP, so t R, the busiest rank's skew included. */
+        a->gathered_tokens = a->tokens * plan->mp * zp_plan_ep(plan);
+        a->expert_tokens = a->received_tokens * plan->mp;
+        return;
+    }
     a->expert_tokens = a->received_tokens * zp_ep_tp_gather(plan);
 }
 
@@ -90,12 +110,18 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
  * every tensor rank holds the whole sequence and routes all of it: no gather. */
 int zp_ep_tp_gather(const ZpPlan *plan)
 {
-    return plan->sequence_parallel && plan->mp > 1 ? plan->mp : 1;
+    return plan->experts.dispatcher == ZP_DISPATCH_ALLTOALL && plan->sequence_parallel &&
+                   plan->mp > 1
+               ? plan->mp
+               : 1;
 }
 
 gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan)
 {
-    return zp_ep_tp_gather(plan) == 1 || model->moe.shared_ffn > 0;
+    const gboolean experts_scatter = plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER
+                                         ? plan->mp > 1
+                                         : zp_ep_tp_gather(plan) > 1;
+    return !experts_scatter || model->moe.shared_ffn > 0;
 }
 
 /* One block's saved activations with the MLP `ffn` wide (0: attention and norms alone). */
@@ -152,6 +178,15 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
     const double gathered = zp_ep_tp_gather(plan) > 1 ? a.expert_tokens : 0.0;
     a.dispatch_bytes = (sent + a.received_tokens + gathered) * h * e;
     a.combine_bytes = a.dispatch_bytes;
+    if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
+        /* MoEAllGatherTokenDispatcher: the gathered tokens (the global buffer), probabilities
+         * (the logits' dtype) and boolean routing map, then permute's copies for the experts;
+         * back, the experts' outputs and unpermute's [G, h] sum, which token_combine
+         * reduce-scatters (in the probabilities' dtype, the model's here). */
+        const double G = a.gathered_tokens;
+        a.dispatch_bytes = (G + a.expert_tokens) * h * e + G * E * (e + 1.0);
+        a.combine_bytes = (a.expert_tokens + G) * h * e;
+    }
     /* The experts' input (fc1's weight gradient) and the gated MLP's gate, up and product (the
      * dense MLP's 3f of zp_mem_terms, over the tokens the experts compute and the expert width
      * split over the tensor group: Megatron-Core's expert tensor parallelism at the TP

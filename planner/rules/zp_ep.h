@@ -17,6 +17,12 @@
  * in the one-line refusal. */
 gboolean zp_ep_check(const ZpModel *model, const ZpPlan *plan, const char *flag, GError **error);
 
+/* The dispatcher (ZpDispatcher): the all-gather one needs a mixture of experts, then
+ * zp_plan_dispatcher_check (Megatron's; TP 1, EP 1 or no pipeline). `flag` names the option
+ * in the refusal. */
+gboolean zp_ep_dispatcher_check(const ZpModel *model, const ZpPlan *plan, const char *flag,
+                                GError **error);
+
 /* Elements of all routed experts of all sparse layers (the expert parameters; the rest, router
  * and shared experts included, are dense parameters). */
 double zp_ep_expert_params(const ZpModel *model);
@@ -42,12 +48,21 @@ typedef struct {
     double received_tokens;  /* R: tokens the busiest rank's all-to-all receives */
     double expert_tokens;    /* tokens its experts compute: R, or t R where the expert tensor
                               * group gathers what its t ranks received (sequence parallelism
-                              * over t > 1: each rank routed its own T = b s / t) */
+                              * over t > 1: each rank routed its own T = b s / t), and t R
+                              * under the all-gather dispatcher (its E/EP experts' share of
+                              * the TP x EP group's tokens) */
+    double gathered_tokens;  /* G = t EP T: the TP x EP group's tokens the all-gather
+                              * dispatcher gathers to each rank; 0 under the all-to-all */
     double router_bytes;     /* fp32 router probabilities [T, E] and int64 top-k indices [T, k] */
     double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e, or
                               * 2 R h e with a capacity factor (the send buffer padded too),
-                              * and the tensor group's gather, t R h e, where it gathers */
-    double combine_bytes;    /* the combine's, the same sizes the other way */
+                              * and the tensor group's gather, t R h e, where it gathers; the
+                              * all-gather dispatcher's gathered tokens, probabilities and
+                              * routing map and the experts' permuted input,
+                              * (G + t R) h e + G E (e + 1) */
+    double combine_bytes;    /* the combine's, the same sizes the other way; the all-gather
+                              * dispatcher's expert outputs and their unpermuted sum, which it
+                              * reduce-scatters: (t R + G) h e */
     double expert_act_bytes; /* the experts' saved inputs and gated MLP over the tokens they
                               * compute: expert_tokens (h + 3 f_e / t) e */
     double combine_act_bytes; /* the expert outputs kept for the routing weights' gradient */
@@ -58,15 +73,18 @@ typedef struct {
     double activations_bytes;  /* every layer's, kept for backward (no checkpointing) */
 } ZpEpActivations;
 
-/* t where the expert tensor group all-gathers what its ranks received before the experts (and
- * reduce-scatters their outputs after): sequence parallelism over t > 1 tensor ranks; else 1. */
+/* t where the expert tensor group all-gathers what its ranks' all-to-all received before the
+ * experts (and reduce-scatters their outputs after): the all-to-all dispatcher under sequence
+ * parallelism over t > 1 tensor ranks; else 1 (the all-gather dispatcher's TP x EP gather
+ * spans the tensor group itself). */
 int zp_ep_tp_gather(const ZpPlan *plan);
 
 /* Whether a sparse block's MLP ends in a tensor-parallel sum (Megatron's row-parallel fc2):
  * with shared experts it does (Megatron-Core's SharedExpertMLP: its fc1 gathers the sequence,
- * its fc2 reduce-scatters it), and without sequence parallelism the routed experts' partial
- * outputs are summed over the tensor group; else the expert tensor group reduce-scatters
- * them itself (zp_ep_tp_gather) and the block keeps the attention's sum alone. */
+ * its fc2 reduce-scatters it), and under the all-to-all dispatcher without sequence
+ * parallelism the routed experts' partial outputs are summed over the tensor group; else the
+ * expert tensor group (zp_ep_tp_gather) or the all-gather dispatcher's TP x EP group
+ * reduce-scatters them itself and the block keeps the attention's sum alone. */
 gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan);
 
 /* A plan's sparse-layer tokens, buffers and activations per rank (16-bit activations in the

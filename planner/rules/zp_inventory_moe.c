@@ -16,6 +16,9 @@
     "megatron/core/transformer/moe/moe_utils.py permute (index_select into expert order, "     \
     "token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_preprocess); "                    \
     "deepspeed/moe/sharded_moe.py MOELayer.forward (the dispatch einsum before _AllToAll)"
+#define PERMUTE_GATHERED                                                                       \
+    "megatron/core/transformer/moe/moe_utils.py permute (index_select of the local experts' "  \
+    "rows, token_dispatcher.py MoEAllGatherTokenDispatcher.dispatch_postprocess)"
 #define MLA "transformers modeling_deepseek_v3.py DeepseekV3Attention.forward"
 #define BLOCK "zp_build_moe.c block_forward (the block's own widths)"
 #define UNPERMUTE "megatron/core/transformer/moe/moe_utils.py unpermute"
@@ -58,6 +61,17 @@ static void unpermute(const ZpModel *model, const ZpPlan *plan, gboolean backwar
     const ZpEpActivations a = zp_ep_activations(model, plan);
     const double e = zp_plan_elem_bytes(plan->precision), h = (double)model->hidden;
     const double T = a.tokens, Tk = a.routed_tokens;
+    if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
+        /* MoEAllGatherTokenDispatcher.combine_preprocess: zeros for the G gathered rows, the
+         * experts' t R outputs scatter-added into them (each read, its row read and written);
+         * backward, a gather of the t R rows' gradients. */
+        const double G = a.gathered_tokens, tR = a.expert_tokens;
+        if (!backward)
+            zp_inv_mem(out, "unpermute", 2 * tR * h * e, (G + tR) * h * e, UNPERMUTE);
+        else
+            zp_inv_mem(out, "unpermute.backward", tR * h * e, tR * h * e, UNPERMUTE);
+        return;
+    }
     if (!backward)
         zp_inv_mem(out, "unpermute", Tk * h * e + 4 * Tk, T * h * e, UNPERMUTE);
     else
@@ -143,7 +157,13 @@ static void block_forward(const ZpModel *model, const ZpPlan *plan, int unit, Zp
         const double Tr = d.t_norm;
         zp_inv_gemm(out, "router", 1, Tr, E, h, e, e, ROUTER);
         zp_inv_mem(out, "router.softmax_topk", Tr * E * e, Tr * E * e, TOPK);
-        zp_inv_mem(out, "permute", Tr * h * e, Tr * k * h * e, PERMUTE);
+        if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
+            /* the experts' t R rows picked out of the gathered tokens (dispatch_postprocess) */
+            const double tR = zp_ep_activations(model, plan).expert_tokens;
+            zp_inv_mem(out, "permute", tR * h * e, tR * h * e, PERMUTE_GATHERED);
+        } else {
+            zp_inv_mem(out, "permute", Tr * h * e, Tr * k * h * e, PERMUTE);
+        }
     }
     zp_inv_mem(out, "residual_add", 2 * th, th, BLOCK);
 }

@@ -389,6 +389,10 @@ void zp_build_tp_sums(Builder *b, int unit, int micro, int sums);
 /* Whether unit's MLP ends in a tensor-parallel sum (zp_build_moe.c): a dense block's does, a
  * sparse block's as zp_ep_sparse_mlp_sums says. */
 gboolean zp_build_moe_mlp_sums(const ZpSchedule *s, int unit);
+/* Elements a sparse block's permute reads and writes (in its block op): the rank's T_r tokens
+ * read and their T_r k copies written under the all-to-all; the experts' t R rows picked out
+ * of the gathered tokens under the all-gather dispatcher (moe_utils.py permute). */
+double zp_build_moe_permute_elems(const ZpModel *m, const ZpPlan *plan);
 /* The sums after a whole block's op at unit (0 without tensor parallelism): Megatron's two
  * all-reduces of a block, after the row-parallel attention projection and MLP output in
  * forward (and recompute), of the column-parallel qkv's and fc1's input gradients in

@@ -2,6 +2,7 @@
  * with their dependencies and stream order, and what each compute op costs. */
 #include "zp_build.h"
 #include "zp_cost_kernels.h"
+#include "zp_sched_json.h"
 #include "zp_util.h"
 
 #include <string.h>
@@ -192,13 +193,11 @@ uint32_t zp_build_emit_collective(Builder *b, ZpCollKind kind, ZpGroup group, in
                                   int buffer, uint64_t offset, uint64_t elems, double bytes,
                                   const uint32_t *deps, guint n_deps)
 {
-    /* A mixture of experts' all-to-alls run between the layer's kernels (zp_sched_json.c). */
-    const gboolean ep = kind == ZP_COLL_EP_DISPATCH || kind == ZP_COLL_EP_COMBINE;
+    /* Each on its group's stream, a mixture of experts' dispatch and combine between the
+     * layer's kernels (zp_sched_json_default_stream). */
     ZpOp *op = op_slot(b);
     *op = (ZpOp){.kind = ZP_OP_COLLECTIVE, .sub = kind,
-                 .stream = ep                     ? ZP_STREAM_COMPUTE
-                           : group == ZP_GROUP_TP ? ZP_STREAM_TP
-                                                  : ZP_STREAM_DP,
+                 .stream = zp_sched_json_default_stream(ZP_OP_COLLECTIVE, kind, group),
                  .group = group,
                  .unit = unit, .micro = micro, .buffer = buffer, .bytes = bytes,
                  .elem_offset = offset, .elems = elems};

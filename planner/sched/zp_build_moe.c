@@ -114,6 +114,16 @@ gboolean zp_build_moe_mlp_sums(const ZpSchedule *s, int unit)
 
 /* ---- a block's cost by its own widths ------------------------------------------------- */
 
+double zp_build_moe_permute_elems(const ZpModel *m, const ZpPlan *plan)
+{
+    const double h = (double)m->hidden;
+    if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) /* the experts' t R rows picked out */
+        return 2 * zp_ep_activations(m, plan).expert_tokens * h;
+    const double T = (double)plan->micro_batch * (double)m->seq_len;
+    const double Tr = plan->sequence_parallel ? T / plan->mp : T;
+    return (Tr + Tr * (double)m->moe.top_k) * h;
+}
+
 /* A block's forward on this rank, T = b s tokens, t the tensor degree:
  * - attention's GEMMs: the fused qkv and proj, 2T(h q + a d h)/t (a d = h unless head_dim
  *   sets d apart); latent attention's low-rank
@@ -167,12 +177,13 @@ static Cost block_forward(const ZpSchedule *s, int unit)
         ew += (gated ? 3 : 2) * T * f / t;
     }
     if (sparse) { /* over the rank's own tokens: the sequence's t-th with sequence parallelism
-                   * (MoELayer routes its input, [s/t, b, h]), else all of it on every rank */
-        const double E = (double)m->moe.experts, k = (double)m->moe.top_k;
+                   * (MoELayer routes its input, [s/t, b, h]), else all of it on every rank;
+                   * permute's reads and writes (zp_build_moe_permute_elems) */
+        const double E = (double)m->moe.experts;
         const double Tr = s->plan.sequence_parallel ? T / t : T;
         gemm += 2 * Tr * h * E;
         gemms += 1;
-        ew += 2 * Tr * E + (Tr + Tr * k) * h;
+        ew += 2 * Tr * E + zp_build_moe_permute_elems(m, &s->plan);
     }
     ew += 10 * T * h / (s->plan.sequence_parallel ? t : 1);
     if (!fused)
@@ -231,10 +242,18 @@ static Cost expert_cost(const Builder *b, gboolean backward)
 
 /* Unpermute (token_dispatcher.py unpermute, DeepSpeed's combine einsum): the T k returned
  * copies read and summed into T tokens with their routing weights; its backward reads the
- * tokens' gradient and the expert outputs (for the weights' gradient) and writes the copies'. */
+ * tokens' gradient and the expert outputs (for the weights' gradient) and writes the copies'.
+ * Under the all-gather dispatcher (MoEAllGatherTokenDispatcher.combine_preprocess, moe_utils.py
+ * unpermute without probabilities) it zeroes the G gathered rows and scatter-adds the experts'
+ * t R outputs into them (each read, and its row read and written); backward, a gather of the
+ * t R rows' gradients. */
 static Cost unpermute_cost(const Builder *b, gboolean backward)
 {
     const double h = (double)b->s->model.hidden, T = b->moe.tokens, Tk = b->moe.routed_tokens;
+    if (b->s->plan.experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
+        const double G = b->moe.gathered_tokens, tR = b->moe.expert_tokens;
+        return (Cost){.mem_bytes = b->s->elem_bytes * (backward ? 2 * tR : G + 3 * tR) * h};
+    }
     const double ew = backward ? (T + 2 * Tk) * h + Tk : (Tk + T) * h + Tk;
     return (Cost){.mem_bytes = b->s->elem_bytes * ew};
 }
@@ -295,18 +314,120 @@ static uint32_t tp_gather(Builder *b, ZpCollKind kind, int unit, int micro, uint
                                     elems * s->elem_bytes, &after, 1);
 }
 
+/* One collective of the all-gather dispatcher over the TP x EP group (ZP_GROUP_TPEP): the G
+ * gathered rows of `width` elements of `elem_bytes` (an all-gather's output, a
+ * reduce-scatter's input), on the compute stream, as Megatron runs
+ * gather_from_sequence_parallel_region and reduce_scatter_to_sequence_parallel_region on the
+ * current stream. None over one rank (token_dispatch communicates only where TP or EP > 1). */
+static uint32_t tpep(Builder *b, ZpCollKind kind, int unit, int micro, double width,
+                     double elem_bytes, const uint32_t *deps, guint n_deps)
+{
+    const ZpSchedule *s = b->s;
+    if (s->plan.mp * zp_plan_ep(&s->plan) == 1)
+        return deps[0];
+    const double elems = b->moe.gathered_tokens * width;
+    return zp_build_emit_collective(b, kind, ZP_GROUP_TPEP, unit, micro, -1, 0, (uint64_t)elems,
+                                    elems * elem_bytes, deps, n_deps);
+}
+
+/* A dispatcher's two halves in the schedule (ZpDispatcher), forward and backward: `in` moves
+ * the tokens (or, backward, the outputs' gradients) from the block op `after` to the experts,
+ * into the buffer `alloc` took; `out` takes the experts' op to the combined tokens (or the
+ * tokens' gradients), writing the buffer `alloc` took, and returns its last op. */
+typedef struct {
+    uint32_t (*in)(Builder *b, int unit, int micro, gboolean backward, uint32_t after,
+                   uint32_t alloc);
+    uint32_t (*out)(Builder *b, int unit, int micro, gboolean backward, uint32_t expert,
+                    uint32_t alloc);
+} Dispatcher;
+
+/* The all-to-all's: forward the dispatch (then the expert tensor group's gather), and after
+ * the experts that gather's reduce-scatter, the combine and unpermute; backward unpermute's
+ * backward comes first, then the same collectives, and the experts' input gradients go back
+ * through the reduce-scatter and the combine. */
+static uint32_t a2a_in(Builder *b, int unit, int micro, gboolean backward, uint32_t after,
+                       uint32_t alloc)
+{
+    if (backward)
+        after = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
+                                      unpermute_cost(b, TRUE), &alloc, 1);
+    return tp_gather(b, ZP_COLL_ALLGATHER, unit, micro,
+                     alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, after, alloc));
+}
+
+static uint32_t a2a_out(Builder *b, int unit, int micro, gboolean backward, uint32_t expert,
+                        uint32_t alloc)
+{
+    const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
+                                   tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert),
+                                   alloc);
+    if (backward)
+        return back;
+    const uint32_t deps[2] = {back, alloc};
+    return zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro, unpermute_cost(b, FALSE),
+                                 deps, 2);
+}
+
+/* The all-gather's (token_dispatcher.py MoEAllGatherTokenDispatcher): forward token_dispatch
+ * gathers the routing map (bool), the probabilities (the logits' dtype, the model's) and the
+ * tokens over TP x EP, permute (in the block op's cost) picks the experts' rows; after them
+ * combine_preprocess unpermutes into G rows and token_combine reduce-scatters them. Backward
+ * the reduce-scatter's transpose gathers the outputs' gradients and unpermute's backward picks
+ * the experts' rows; after the experts the tokens' and the probabilities' gradients are
+ * reduce-scattered (the gathers' transposes; the routing map has none). */
+static uint32_t gather_in(Builder *b, int unit, int micro, gboolean backward, uint32_t after,
+                          uint32_t alloc)
+{
+    const double e = b->s->elem_bytes, h = (double)b->s->model.hidden;
+    const double E = (double)b->s->model.moe.experts;
+    const uint32_t deps[2] = {after, alloc};
+    if (backward) { /* after is the buffer's alloc itself */
+        const uint32_t grads = tpep(b, ZP_COLL_ALLGATHER, unit, micro, h, e, &alloc, 1);
+        return zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
+                                     unpermute_cost(b, TRUE), &grads, 1);
+    }
+    const uint32_t map = tpep(b, ZP_COLL_ALLGATHER, unit, micro, E, 1.0, deps, 2);
+    const uint32_t probs = tpep(b, ZP_COLL_ALLGATHER, unit, micro, E, e, &map, 1);
+    return tpep(b, ZP_COLL_ALLGATHER, unit, micro, h, e, &probs, 1);
+}
+
+static uint32_t gather_out(Builder *b, int unit, int micro, gboolean backward, uint32_t expert,
+                           uint32_t alloc)
+{
+    const double e = b->s->elem_bytes, h = (double)b->s->model.hidden;
+    const uint32_t deps[2] = {expert, alloc};
+    if (backward) {
+        const uint32_t tokens = tpep(b, ZP_COLL_REDUCE_SCATTER, unit, micro, h, e, deps, 2);
+        return tpep(b, ZP_COLL_REDUCE_SCATTER, unit, micro, (double)b->s->model.moe.experts, e,
+                    &tokens, 1);
+    }
+    const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
+                                                  unpermute_cost(b, FALSE), deps, 2);
+    return tpep(b, ZP_COLL_REDUCE_SCATTER, unit, micro, h, e, &unperm, 1);
+}
+
+static const Dispatcher dispatchers[ZP_DISPATCH_N] = {
+    [ZP_DISPATCH_ALLTOALL] = {a2a_in, a2a_out},
+    [ZP_DISPATCH_ALLGATHER] = {gather_in, gather_out},
+};
+
+static const Dispatcher *dispatcher(const Builder *b)
+{
+    return &dispatchers[b->s->plan.experts.dispatcher];
+}
+
 void zp_build_moe_forward(Builder *b, int unit, int micro)
 {
     if (!zp_build_moe_sparse(b->s, unit))
         return;
     const double dispatch = b->moe.dispatch_bytes, combine = b->moe.combine_bytes;
+    const Dispatcher *d = dispatcher(b);
     int gathered, sent, returned;
     const uint32_t gather = gather_experts(b, unit, micro, &gathered);
     const uint32_t block = b->last_compute;
-    uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, &sent,
-                                         &block, 1);
-    const uint32_t in = tp_gather(b, ZP_COLL_ALLGATHER, unit, micro,
-                                  alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, block, alloc));
+    const uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
+                                               &sent, &block, 1);
+    const uint32_t in = d->in(b, unit, micro, FALSE, block, alloc);
     /* The experts write their outputs into the combine's send buffer, so it is taken before
      * them and the dispatch's freed after (zreal's experts read one and write the other:
      * real_engine_moe; DeepSpeed's expert_output is allocated while dispatched_input lives). */
@@ -317,14 +438,8 @@ void zp_build_moe_forward(Builder *b, int unit, int micro)
                                                   expert_cost(b, FALSE), deps, 4);
     release_experts(b, unit, micro, gathered, expert);
     zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro, sent, expert);
-    alloc = out;
-    const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
-                                   tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert),
-                                   alloc);
-    const uint32_t deps2[2] = {back, alloc};
-    const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
-                                                  unpermute_cost(b, FALSE), deps2, 2);
-    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, returned, unperm);
+    const uint32_t done = d->out(b, unit, micro, FALSE, expert, out);
+    zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, returned, done);
 }
 
 int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
@@ -336,12 +451,10 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     int gathered, sent, returned;
     const uint32_t gather = gather_experts(b, unit, micro, &gathered);
     const uint32_t before = b->last_compute;
-    uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, &sent,
-                                         &before, 1);
-    const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
-                                                  unpermute_cost(b, TRUE), &alloc, 1);
-    const uint32_t in = tp_gather(b, ZP_COLL_ALLGATHER, unit, micro,
-                                  alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, unperm, alloc));
+    const uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro,
+                                               &sent, &before, 1);
+    const Dispatcher *d = dispatcher(b);
+    const uint32_t in = d->in(b, unit, micro, TRUE, alloc, alloc);
     /* As in forward: the experts' input gradients go into the combine's buffer, taken first. */
     const uint32_t out = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
                                              &returned, &in, 1);
@@ -382,8 +495,7 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
                                                   expert_cost(b, TRUE), deps, 4);
     release_experts(b, unit, micro, gathered, expert);
     zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, combine, unit, micro, sent, expert);
-    alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
-             tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert), out);
+    d->out(b, unit, micro, TRUE, expert, out);
     if (reduced) {
         const uint32_t r = zp_build_emit_collective(
             b, zp_impl_expert_grad_collective(&s->plan), ZP_GROUP_EDP, unit, micro, bucket,

@@ -33,7 +33,8 @@
  * model is refused in one line. */
 static gboolean check_experts(const ZpModel *model, const ZpPlan *p, GError **error)
 {
-    if (!zp_ep_check(model, p, "ep", error))
+    if (!zp_ep_check(model, p, "ep", error) ||
+        !zp_ep_dispatcher_check(model, p, "experts.dispatcher", error))
         return FALSE;
     if (!zp_moe_enabled(&model->moe))
         return TRUE;
@@ -670,6 +671,13 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
     const int ep = zp_plan_ep(&s->plan);
     out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = dp_stride};
     out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = s->plan.dp / ep, .stride = dp_stride * ep};
+    /* The all-gather dispatcher's TP x EP group: the stage's tensor ranks of EP consecutive dp
+     * ranks, a strided run where t = 1 (the EP group), EP = 1 (the TP group) or there is no
+     * pipeline (t EP consecutive ranks: dp_stride is t); zp_ep_dispatcher_check refuses the
+     * rest before a schedule is built. One rank under the all-to-all dispatcher. */
+    const gboolean gathers = s->plan.experts.dispatcher == ZP_DISPATCH_ALLGATHER;
+    out[ZP_GROUP_TPEP] = (ZpCommGroup){.ranks = gathers ? s->plan.mp * ep : 1,
+                                       .stride = s->plan.mp == 1 ? dp_stride : 1};
     for (int g = 0; g < ZP_GROUP_N; g++)
         g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
     return ZP_GROUP_N;

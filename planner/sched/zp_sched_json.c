@@ -14,7 +14,8 @@
  * link's or the NVMe's, a pipeline send on the pp stream, unless "stream" says otherwise
  * (written only then). A mixture of experts' dispatch and combine run on the compute stream:
  * Megatron-Core's token dispatchers (token_dispatcher.py, all_to_all on the current stream)
- * and DeepSpeed's _AllToAll (sharded_moe.py) issue them between the layer's kernels. */
+ * and DeepSpeed's _AllToAll (sharded_moe.py) issue them between the layer's kernels, and so
+ * does the all-gather dispatcher its gathers and reduce-scatters over TP x EP (tpep). */
 ZpStream zp_sched_json_default_stream(int kind, int sub, int group)
 {
     if (kind == ZP_OP_TRANSFER)
@@ -23,7 +24,8 @@ ZpStream zp_sched_json_default_stream(int kind, int sub, int group)
         return sub == ZP_COMP_CPU_OPTIMIZER ? ZP_STREAM_CPU : ZP_STREAM_COMPUTE;
     if (kind == ZP_OP_P2P)
         return ZP_STREAM_PP;
-    if (kind != ZP_OP_COLLECTIVE || sub == ZP_COLL_EP_DISPATCH || sub == ZP_COLL_EP_COMBINE)
+    if (kind != ZP_OP_COLLECTIVE || sub == ZP_COLL_EP_DISPATCH || sub == ZP_COLL_EP_COMBINE ||
+        group == ZP_GROUP_TPEP)
         return ZP_STREAM_COMPUTE;
     return group == ZP_GROUP_TP ? ZP_STREAM_TP : ZP_STREAM_DP;
 }

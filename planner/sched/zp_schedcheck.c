@@ -374,12 +374,36 @@ static gboolean check_experts(Check *c, const ZpOp *op)
     return need_bytes(c, op->bytes, (double)want * zp_plan_reduce_bytes(&s->plan), "the layout");
 }
 
+/* The all-gather dispatcher's collectives over TP x EP (zp_build_moe.c tpep): a sparse
+ * block's gathers and reduce-scatters of its G gathered rows, h wide in the model's dtype (the
+ * tokens) or E wide (the probabilities in it, the routing map a byte an element), no buffer. */
+static gboolean check_tpep(Check *c, const ZpOp *op)
+{
+    const ZpSchedule *s = c->s;
+    if (s->plan.experts.dispatcher != ZP_DISPATCH_ALLGATHER)
+        return bad(c, "group", "tpep: only the allgather dispatcher's collectives run over it");
+    if (op->sub != ZP_COLL_ALLGATHER && op->sub != ZP_COLL_REDUCE_SCATTER)
+        return bad(c, "op", "%s: the allgather dispatcher gathers and reduce-scatters",
+                   zp_sched_coll_name(op->sub));
+    if (op->buffer != -1)
+        return bad(c, "buffer", "= %d: the allgather dispatcher's collectives use none",
+                   op->buffer);
+    if (!zp_build_moe_sparse(s, op->unit))
+        return bad(c, "unit", "= %d is no sparse block", op->unit);
+    const double G = c->moe.gathered_tokens, e = s->elem_bytes;
+    const double E = (double)s->model.moe.experts, h = (double)s->model.hidden;
+    return op->bytes == G * E * e || op->bytes == G * E ||
+           need_bytes(c, op->bytes, G * h * e, "zp_ep_activations gathered_tokens");
+}
+
 static gboolean check_collective(Check *c, const ZpOp *op)
 {
     const int id = op->buffer;
     if (op->group == ZP_GROUP_EP || op->group == ZP_GROUP_EDP || op->sub == ZP_COLL_EP_DISPATCH ||
         op->sub == ZP_COLL_EP_COMBINE)
         return check_experts(c, op);
+    if (op->group == ZP_GROUP_TPEP)
+        return check_tpep(c, op);
     if (op->group >= ZP_GROUP_HPZ)
         return check_zeropp(c, op);
     if (op->group == ZP_GROUP_TP) {

@@ -253,7 +253,7 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
             /* Megatron-Core trains a mixture of experts over TP > 1 only with sequence
              * parallelism (moe_layer.py MoELayer.forward raises without it). */
             base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
-            base.experts = (ZpExpertConfig){ep, capacity_factor, skew};
+            base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL};
             add_micro(spec, &base, out);
         }
     }

@@ -283,9 +283,9 @@ static gboolean degrees(const char *what, const ZpModel *model, int gpus, const 
  * split over the dense layers' TP unless --expert-tensor-parallel-size says otherwise
  * (model_parallel_config.py), which zplan's experts do (zp_ep); EP is taken from the
  * data-parallel ranks; its default dispatcher all-gathers the tokens over the TP x EP group
- * (allgather), where zplan times the all-to-all's grouped send/recv and the expert tensor
- * group's gather (alltoall; the two are alike at TP 1 and EP 1, where neither communicates);
- * with TP > 1 it needs sequence parallelism (moe_layer.py MoELayer.forward). */
+ * (allgather), the other all-to-alls them (alltoall), both of which zplan times (ZpDispatcher;
+ * the TP x EP group laid out where zp_ep_dispatcher_check says); with TP > 1 it needs
+ * sequence parallelism (moe_layer.py MoELayer.forward). */
 static char *moe_contradiction(const ZpModel *model, const Args *a, int dp)
 {
     const ZpMoe *moe = &model->moe;
@@ -319,10 +319,6 @@ static char *moe_contradiction(const ZpModel *model, const Args *a, int dp)
                                moe->experts, dp);
     if (a->dispatcher == 2)
         return g_strdup("--moe-token-dispatcher-type flex (DeepEP and its kin) is not modeled");
-    if (a->dispatcher == 0 && (a->ep > 1 || a->tp > 1))
-        return g_strdup_printf("--moe-token-dispatcher-type allgather (Megatron's default) over "
-                               "TP x EP = %.0f is not modeled: zplan times the all-to-all "
-                               "(alltoall)", a->tp * a->ep);
     if (a->tp > 1 && !a->sp) /* moe_layer.py MoELayer.forward raises in training */
         return g_strdup("--sequence-parallel: absent, but Megatron-Core trains a mixture of "
                         "experts with --tensor-model-parallel-size > 1 only with it");
@@ -347,6 +343,11 @@ static gboolean moe_plan(const char *what, const ZpModel *model, const Args *a, 
         return TRUE;
     plan->experts.ep = (int)a->ep;
     plan->experts.capacity_factor = a->capacity > 0 ? a->capacity : 0;
+    plan->experts.dispatcher = a->dispatcher == 0 ? ZP_DISPATCH_ALLGATHER : ZP_DISPATCH_ALLTOALL;
+    if (!zp_plan_dispatcher_check(plan, "--moe-token-dispatcher-type", error)) {
+        g_prefix_error(error, "%s: ", what);
+        return FALSE;
+    }
     const struct {
         gboolean when;
         const char *says;

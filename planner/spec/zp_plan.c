@@ -310,6 +310,42 @@ gboolean zp_rank_order_parse(const char *text, const char *flag, ZpRankOrder *ou
     return TRUE;
 }
 
+gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError **error)
+{
+    if (plan->experts.dispatcher != ZP_DISPATCH_ALLGATHER)
+        return TRUE;
+    const int ep = zp_plan_ep(plan), pp = zp_plan_pp(plan);
+    if (plan->impl != ZP_IMPL_MEGATRON)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: allgather is Megatron-Core's "
+                    "dispatcher (--impl megatron); %s's experts take the all-to-all", flag,
+                    zp_impl_name(plan->impl));
+    else if (plan->mp > 1 && ep > 1 && pp > 1)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: allgather over TP %d x EP %d with a "
+                    "pipeline of %d stages is not modeled: zplan lays the TP x EP group out "
+                    "without a pipeline, or with TP 1 or EP 1 (alltoall is)", flag, plan->mp, ep,
+                    pp);
+    else
+        return TRUE;
+    return FALSE;
+}
+
+static const char *const dispatcher_names[] = {"alltoall", "allgather", NULL};
+
+const char *zp_dispatcher_name(ZpDispatcher dispatcher)
+{
+    return dispatcher_names[dispatcher];
+}
+
+gboolean zp_dispatcher_parse(const char *text, const char *flag, ZpDispatcher *out,
+                             GError **error)
+{
+    int v;
+    if (!zp_parse_choice(text, flag, dispatcher_names, &v, error))
+        return FALSE;
+    *out = (ZpDispatcher)v;
+    return TRUE;
+}
+
 const char *zp_partition_name(ZpPartition partition)
 {
     return partition_names[partition];
@@ -462,28 +498,37 @@ void *zp_plan_to_json(const ZpPlan *plan)
     if (plan->rank_order != ZP_ORDER_TP_DP_PP) /* only where it is not the default */
         json_object_set_new(o, "rank_order", json_string(zp_rank_order_name(plan->rank_order)));
     /* Expert parallelism (a mixture of experts) only where it is not the default. */
-    if (zp_plan_ep(plan) > 1 || plan->experts.capacity_factor > 0 || plan->experts.skew > 1)
-        json_object_set_new(o, "experts",
-                            json_pack("{s:i, s:f, s:f}", "ep", zp_plan_ep(plan),
-                                      "capacity_factor", plan->experts.capacity_factor, "skew",
-                                      zp_plan_expert_skew(plan)));
+    if (zp_plan_ep(plan) > 1 || plan->experts.capacity_factor > 0 || plan->experts.skew > 1 ||
+        plan->experts.dispatcher != ZP_DISPATCH_ALLTOALL) {
+        json_t *x = json_pack("{s:i, s:f, s:f}", "ep", zp_plan_ep(plan), "capacity_factor",
+                              plan->experts.capacity_factor, "skew", zp_plan_expert_skew(plan));
+        if (plan->experts.dispatcher != ZP_DISPATCH_ALLTOALL)
+            json_object_set_new(x, "dispatcher",
+                                json_string(zp_dispatcher_name(plan->experts.dispatcher)));
+        json_object_set_new(o, "experts", x);
+    }
     return o;
 }
 
-/* "experts": {"ep", "capacity_factor" (0: dropless), "skew"}, all optional. */
+/* "experts": {"ep", "capacity_factor" (0: dropless), "skew", "dispatcher"}, all optional. */
 static gboolean experts_from_json(json_t *o, const char *what, ZpExpertConfig *x,
                                   GError **error)
 {
-    static const char *const keys[] = {"ep", "capacity_factor", "skew", NULL};
+    static const char *const keys[] = {"ep", "capacity_factor", "skew", "dispatcher", NULL};
     char *inner = g_strdup_printf("%s: experts", what);
+    char *flag = g_strdup_printf("%s.dispatcher", inner);
     int64_t ep = 1;
     double skew = 1;
+    const char *dispatcher = NULL;
     const gboolean ok =
         json_is_object(o) && zp_json_check_keys(o, inner, keys, error) &&
         zp_json_get_int(o, inner, "ep", FALSE, 1, 1 << 20, &ep, error) &&
         zp_json_get_number(o, inner, "capacity_factor", FALSE, 0, 1000, &x->capacity_factor,
                            error) &&
-        zp_json_get_number(o, inner, "skew", FALSE, 1, 1000, &skew, error);
+        zp_json_get_number(o, inner, "skew", FALSE, 1, 1000, &skew, error) &&
+        zp_json_get_string(o, inner, "dispatcher", FALSE, &dispatcher, error) &&
+        (!dispatcher || zp_dispatcher_parse(dispatcher, flag, &x->dispatcher, error));
+    g_free(flag);
     if (!ok && error && !*error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", inner);
     g_free(inner);

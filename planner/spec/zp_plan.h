@@ -134,13 +134,21 @@ typedef struct {
     ZpPartition partition;
 } ZpPipeConfig;
 
+/* How a mixture of experts' tokens reach the experts (Megatron-Core's
+ * --moe-token-dispatcher-type, token_dispatcher.py): an all-to-all over the EP group (its
+ * MoEAlltoAllTokenDispatcher, and DeepSpeed's _AllToAll), or an all-gather of every token of
+ * the TP x EP group to each of its ranks and a reduce-scatter of the experts' outputs back
+ * (MoEAllGatherTokenDispatcher, Megatron-Core's default). */
+typedef enum { ZP_DISPATCH_ALLTOALL, ZP_DISPATCH_ALLGATHER, ZP_DISPATCH_N } ZpDispatcher;
+
 /* Expert parallelism for a mixture of experts (zp_ep.h); the zero value is EP 1, dropless
- * routing and a perfectly balanced router. */
+ * routing, a perfectly balanced router and the all-to-all dispatcher. */
 typedef struct {
     int ep;                 /* experts split over ep ranks of the data-parallel group; 0: 1 */
     double capacity_factor; /* tokens an expert takes, over the mean (GShard, DeepSpeed's and
                              * Megatron-Core's get_capacity); 0: dropless */
     double skew;            /* the busiest expert's load over the mean; 0: 1 */
+    ZpDispatcher dispatcher;
 } ZpExpertConfig;
 
 typedef struct {
@@ -390,6 +398,14 @@ gboolean zp_pipe_schedule_parse(const char *text, const char *flag, ZpPipeSchedu
 const char *zp_partition_name(ZpPartition partition);
 /* "tp-dp-pp" or "tp-pp-dp" (ZpRankOrder). */
 const char *zp_rank_order_name(ZpRankOrder order);
+const char *zp_dispatcher_name(ZpDispatcher dispatcher);
+/* The all-gather dispatcher is Megatron-Core's (--impl megatron), and zplan lays its TP x EP
+ * group out as one strided run of its ranks only with TP 1, EP 1 or no pipeline
+ * (ZP_GROUP_TPEP); else one line naming `flag`. TRUE for the all-to-all. */
+gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError **error);
+/* "alltoall" or "allgather" (Megatron's names) into *out; else one line naming `flag`. */
+gboolean zp_dispatcher_parse(const char *text, const char *flag, ZpDispatcher *out,
+                             GError **error);
 gboolean zp_rank_order_parse(const char *text, const char *flag, ZpRankOrder *out,
                              GError **error);
 gboolean zp_partition_parse(const char *text, const char *flag, ZpPartition *out,
