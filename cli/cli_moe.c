@@ -121,18 +121,21 @@ void cli_moe_read_simulated(const ZpSearchSpec *spec, ZpMoeCandidate *c)
 static void print_candidate(int rank, const ZpMoeCandidate *c)
 {
     const ZpPlan *p = &c->plan;
-    printf("  %4d %4d %4d %4d %5d %5d %5d %4s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n", rank,
+    printf("  %4d %4d %4d %4d %5d %5d %5d %4s %9s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n", rank,
            zp_plan_ep(p), p->mp, zp_plan_pp(p), p->zero.stage, p->micro_batch, p->grad_accum,
-           p->checkpoint ? "full" : p->selective_recompute ? "sel" : "no", c->memory_bytes / GB, c->step_s,
+           p->checkpoint ? "full" : p->selective_recompute ? "sel" : "no",
+           zp_dispatcher_name(p->experts.dispatcher), c->memory_bytes / GB, c->step_s,
            100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
            c->simulated ? "simulated" : "closed", c->fits ? "" : "  (does not fit)");
 }
 
+/* "dispatch" is the tokens' way to the experts (ZpDispatcher), "comm" its collectives' share
+ * of the step (the all-to-alls, or the all-gather dispatcher's gathers and reduce-scatters). */
 static void print_header(void)
 {
-    printf("  %4s %4s %4s %4s %5s %5s %5s %4s %9s %9s %8s %12s %9s\n", "#", "EP", "TP", "PP",
-           "stage",
-           "micro", "accum", "ckpt", "GB/GPU", "step s", "a2a", "tokens/s", "judged");
+    printf("  %4s %4s %4s %4s %5s %5s %5s %4s %9s %9s %9s %8s %12s %9s\n", "#", "EP", "TP",
+           "PP", "stage", "micro", "accum", "ckpt", "dispatch", "GB/GPU", "step s", "comm",
+           "tokens/s", "judged");
 }
 
 /* The best plan of each EP (or PP) degree, as ranked: why the others lost. */
@@ -340,13 +343,18 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
            ") on %d GPUs of %s, sequence %" G_GINT64_FORMAT ", skew %g, %s.\n"
            "Screened in closed form: memory as zp_ep and zp_mem count it; compute by the cost\n"
            "model over the schedule's compute ops (dense and sparse blocks, the busiest rank's\n"
-           "experts); the all-to-all as NCCL's grouped send/recv (zp_ep); dense gradients\n"
+           "experts); the all-to-all as NCCL's grouped send/recv (zp_ep)%s; dense gradients\n"
            "reduced over DP, expert gradients over DP/EP; pipelines (1F1B, uniform split, with\n"
            "--global-batch) by their busiest stage and bubble. %u plans, the best and each EP\n"
            "and PP degree's best few, then simulated: their step, memory and all-to-all are their schedules'.\n%s\n",
            m->name, m->moe.experts, m->moe.top_k, spec->gpus, spec->hw->name, m->seq_len,
            MAX(experts->skew, 1.0),
-           experts->capacity_factor > 0 ? "capacity factor" : "dropless", timed,
+           experts->capacity_factor > 0 ? "capacity factor" : "dropless",
+           spec->impl == ZP_IMPL_MEGATRON
+               ? ", and Megatron's\nallgather dispatcher as ring gathers and reduce-scatters "
+                 "over TP x EP"
+               : "",
+           timed,
            spec->impl == ZP_IMPL_MEGATRON ? "TP > 1 runs with sequence parallelism, as "
                                             "Megatron-Core trains a mixture of experts.\n"
                                           : "");

@@ -1,7 +1,8 @@
 /* zp_moe_search: enumerates a mixture of experts' plans and judges each in closed form: its
  * memory as zp_ep and zp_mem count it, its step as compute (the cost model's over the schedule's
- * compute ops in closed form) + tensor-parallel all-reduces + all-to-all, against the data-parallel
- * reductions of the dense and the expert gradients over their own groups. */
+ * compute ops in closed form) + tensor-parallel all-reduces + the dispatcher's collectives,
+ * against the data-parallel reductions of the dense and the expert gradients over their own
+ * groups. */
 #include "zp_moe_search.h"
 #include "zp_cost.h"
 #include "zp_ep.h"
@@ -110,6 +111,45 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
            plan->grad_accum * each;
 }
 
+/* One gather or reduce-scatter of `bytes` (its whole buffer) over `n` ranks `stride` apart:
+ * the simulator's cost (spec->coll_s: NCCL's algorithms, protocols and latencies), else (n - 1)
+ * / n of it at the group's busbw. */
+static double ring_s(const ZpSearchSpec *spec, ZpCollKind kind, double bytes, int n, int stride)
+{
+    return spec->coll_s ? spec->coll_s(spec->hw, n, stride, ZP_GROUP_DP, kind, bytes)
+                        : (n - 1.0) / n * bytes / bus_bytes_per_s(spec, n, stride, ZP_GROUP_DP);
+}
+
+/* The dispatcher's collectives per step of the whole model: the all-to-alls (zp_ep_alltoall),
+ * or Megatron's allgather dispatcher's over TP x EP (zp_build_moe.c gather_in, gather_out,
+ * placed as zp_sched_groups lays the group out: t consecutive ranks of EP dp ranks, one
+ * strided run): a sparse layer's forward gathers the routing map, the probabilities and the
+ * tokens of its G rows (G E, G E e and G h e bytes) and reduce-scatters the G h e sum;
+ * backward one gather of G h e and reduce-scatters of G h e and G E e; a recomputed forward
+ * (full checkpointing) its own again. */
+static double dispatch_s(const ZpSearchSpec *spec, const ZpPlan *p)
+{
+    const ZpModel *m = spec->model;
+    if (p->experts.dispatcher != ZP_DISPATCH_ALLGATHER)
+        return zp_ep_alltoall(m, p, spec->hw).step_time_s * zp_plan_pp(p);
+    const int n = p->mp * zp_plan_ep(p);
+    if (n == 1)
+        return 0;
+    const ZpEpActivations a = zp_ep_activations(m, p);
+    const double G = a.gathered_tokens, e = zp_plan_elem_bytes(p->precision);
+    const double tokens = G * (double)m->hidden * e, probs = G * (double)m->moe.experts * e;
+    const int stride = p->mp == 1 ? (int)zp_plan_placed_dp_stride(p) : 1;
+    const double gather = ring_s(spec, ZP_COLL_ALLGATHER, tokens, n, stride);
+    const double scatter = ring_s(spec, ZP_COLL_REDUCE_SCATTER, tokens, n, stride);
+    const double forward = ring_s(spec, ZP_COLL_ALLGATHER, probs / e, n, stride) +
+                           ring_s(spec, ZP_COLL_ALLGATHER, probs, n, stride) + gather + scatter;
+    const double backward = gather + scatter + ring_s(spec, ZP_COLL_REDUCE_SCATTER, probs, n,
+                                                      stride);
+    const double layer = (p->checkpoint ? 2.0 : 1.0) * forward + backward;
+    return layer * (double)zp_moe_sparse_layers(&m->moe, m->layers) *
+           (double)MAX(p->grad_accum, 1);
+}
+
 /* One group's data-parallel traffic per step: `psi` elements a rank reduces (once a step at
  * stages 0-1, every micro-step at 2-3, twice over by an all-reduce) and, at stages 1-2, the
  * updated parameters all-gathered; stage 3 gathers the parameters forward and backward. */
@@ -154,7 +194,7 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
      * (zp_ep_alltoall's step counts an average stage's sparse layers: its P x share). */
     c->compute_s = compute_s(spec, p) * share * stretch;
     c->tp_s = tp_s(spec, p) * stretch;
-    c->alltoall_s = zp_ep_alltoall(spec->model, p, spec->hw).step_time_s * P * share * stretch;
+    c->alltoall_s = dispatch_s(spec, p) * share * stretch;
     const int ep = zp_plan_ep(p);
     const double experts = zp_ep_expert_params(spec->model) / ep / p->mp * share;
     const double dense = ((double)zp_model_param_count(spec->model) -
@@ -255,6 +295,11 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
             base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
             base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL};
             add_micro(spec, &base, out);
+            /* Megatron's other dispatcher, its default, where it communicates (TP x EP > 1)
+             * and zplan lays its group out (zp_plan_dispatcher_check) */
+            base.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+            if (mp * ep > 1 && zp_plan_dispatcher_check(&base, "", NULL))
+                add_micro(spec, &base, out);
         }
     }
 }

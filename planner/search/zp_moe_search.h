@@ -1,6 +1,7 @@
 /* zp_moe_search: the planner's search for a mixture of experts — expert-parallel degree with
- * ZeRO stage, tensor degree, micro-batch and checkpointing — screened in closed form (zp_ep's
- * states and all-to-all, the cost model over the schedule's compute ops), its shortlist then
+ * ZeRO stage, tensor degree, micro-batch, checkpointing and (under --impl megatron) the token
+ * dispatcher — screened in closed form (zp_ep's states and all-to-all, the allgather
+ * dispatcher's collectives, the cost model over the schedule's compute ops), its shortlist then
  * simulated through the search's rank callback. */
 #ifndef ZP_MOE_SEARCH_H
 #define ZP_MOE_SEARCH_H
@@ -14,7 +15,9 @@ typedef struct {
     double states_bytes;   /* model states per GPU (zp_ep_model_states) */
     double residual_bytes; /* activations, buffers and the reserve (zp_mem_residual) */
     double memory_bytes;   /* their sum */
-    double compute_s, tp_s, alltoall_s, dp_s, step_s; /* per optimizer step */
+    /* per optimizer step; alltoall_s the dispatcher's collectives (the all-to-alls, or the
+     * allgather dispatcher's gathers and reduce-scatters) */
+    double compute_s, tp_s, alltoall_s, dp_s, step_s;
     double tokens_per_s;
     gboolean fits;
     /* Re-ranked by the simulator (zp_moe_search_simulate): step_s, tokens_per_s, memory_bytes
@@ -30,7 +33,9 @@ typedef struct {
 /* Every plan the spec allows: EP dividing the experts and the data-parallel degree, TP
  * dividing a node, the heads and the GPUs (spec->mp: that one), stages 0-3 (spec->stage: that
  * one), micro-batches dividing the global batch's share (spec->micro_batch: that one), with and
- * without checkpointing; `skew` and `capacity_factor` as ZpExpertConfig has them. Returns the
+ * without checkpointing, under --impl megatron each with either dispatcher where the allgather
+ * one communicates and zp_plan_dispatcher_check lets it; `skew` and `capacity_factor` as
+ * ZpExpertConfig has them. Returns the
  * candidates (ZpMoeCandidate), those that fit in spec->hw->gpu_memory_bytes first by tokens/s,
  * then the rest by memory; the caller unrefs. NULL with error on a spec it cannot search
  * (a dense model, latent attention, a global batch the GPUs do not divide). */
