@@ -157,6 +157,28 @@ static void test_attention_without_cluster(void)
     json_decref(plain);
 }
 
+/* A mixture of experts under --impl megatron: zplan's dispatcher by default is the all-to-all,
+ * Megatron-Core's the all-gather, so the Defaults line says which it took where tokens cross
+ * ranks (EP 8), and nothing with --moe-dispatcher or at TP x EP 1. */
+static void test_moe_dispatcher_default(void)
+{
+    const char *common = "simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 8 "
+                         "--stage 1 --micro-batch 1 --seq 512 --impl megatron --precision bf16";
+    const struct {
+        const char *flags;
+        gboolean said;
+    } cases[] = {{"--ep 8", TRUE}, {"--ep 8 --moe-dispatcher alltoall", FALSE}, {"", FALSE}};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *args = g_strdup_printf("%s %s", common, cases[i].flags);
+        TuRun r = tu_zplan(args);
+        g_assert_true(exit_status(&r) == 0 || exit_status(&r) == 2);
+        g_assert_cmpint(strstr(r.out, "the alltoall dispatcher (Megatron-Core's own default is "
+                                      "allgather)") != NULL, ==, cases[i].said);
+        tu_free(&r);
+        g_free(args);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -165,5 +187,6 @@ int main(int argc, char **argv)
     g_test_add_func("/defaults/sweep-matches-memory", test_sweep_matches_memory);
     g_test_add_func("/defaults/params-states-only", test_params_states_only);
     g_test_add_func("/defaults/attention-without-cluster", test_attention_without_cluster);
+    g_test_add_func("/defaults/moe-dispatcher", test_moe_dispatcher_default);
     return g_test_run();
 }
