@@ -179,10 +179,14 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
     a.dispatch_bytes = (sent + a.received_tokens + gathered) * h * e;
     a.combine_bytes = a.dispatch_bytes;
     if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
-        /* MoEAllGatherTokenDispatcher: the gathered tokens (the global buffer), probabilities
-         * (the logits' dtype) and boolean routing map, then permute's copies for the experts;
-         * back, the experts' outputs and unpermute's [G, h] sum, which token_combine
-         * reduce-scatters (in the probabilities' dtype, the model's here). */
+        /* MoEAllGatherTokenDispatcher: the gathered tokens, probabilities (the logits' dtype)
+         * and boolean routing map, then permute's copies for the experts; back, the experts'
+         * outputs and unpermute's [G, h] sum, which token_combine reduce-scatters (in the
+         * probabilities' dtype, the model's here). Megatron takes the gathered tokens from
+         * its persistent "mpu" buffer (mappings.py _gather_along_first_dim,
+         * use_global_buffer: parallel_state's GlobalMemoryBuffer, kept at its largest
+         * request all step); zplan counts them here while the layer runs, as it counts no
+         * buffer for the dense layers' sequence-parallel gathers, which share it. */
         const double G = a.gathered_tokens;
         a.dispatch_bytes = (G + a.expert_tokens) * h * e + G * E * (e + 1.0);
         a.combine_bytes = (a.expert_tokens + G) * h * e;
