@@ -355,9 +355,14 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
                  "over TP x EP"
                : "",
            timed,
-           spec->impl == ZP_IMPL_MEGATRON ? "TP > 1 runs with sequence parallelism, as "
-                                            "Megatron-Core trains a mixture of experts.\n"
-                                          : "");
+           spec->impl == ZP_IMPL_MEGATRON
+               ? "TP > 1 runs with sequence parallelism, as Megatron-Core trains a mixture of "
+                 "experts.\n"
+           : spec->impl == ZP_IMPL_DEEPSPEED && spec->mp != 1
+               ? "TP > 1 is timed with the experts split over TP as Megatron-Core splits them; "
+                 "DeepSpeed by default keeps\nwhole experts on each tensor rank, which zplan "
+                 "does not model (simulate's note says how).\n"
+               : "");
     print_header();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)
         print_candidate((int)i + 1, &g_array_index(c, ZpMoeCandidate, i));

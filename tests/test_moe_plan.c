@@ -251,6 +251,36 @@ static void test_plan_megatron_dispatchers(void)
     }
 }
 
+/* DeepSpeed's mixture of experts over TP > 1 is not what zplan times (its experts whole on
+ * each tensor rank by default): simulate says so in a note, in the text and in --json's
+ * "notes", at TP 2 under deepspeed and neither at TP 1 nor under megatron. */
+static void test_deepspeed_tp_note(void)
+{
+    const char *common = "simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 16 --ep 8 "
+                         "--stage 1 --micro-batch 1 --seq 512 --precision bf16 --json";
+    const struct {
+        const char *flags;
+        gboolean said;
+    } cases[] = {{"--mp 2", TRUE},
+                 {"", FALSE},
+                 {"--mp 2 --impl megatron --sequence-parallel", FALSE}};
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *args = g_strdup_printf("%s %s", common, cases[i].flags);
+        json_t *j = tu_zplan_json_fit_or_not(args);
+        gboolean said = FALSE;
+        size_t k;
+        json_t *note;
+        json_array_foreach(json_object_get(j, "notes"), k, note)
+        {
+            said = said || strstr(json_string_value(note), "DeepSpeed by default keeps whole "
+                                                            "experts on each tensor rank");
+        }
+        g_assert_cmpint(said, ==, cases[i].said);
+        json_decref(j);
+        g_free(args);
+    }
+}
+
 /* --exclude checkpoint holds for a mixture of experts too (its search tried checkpointing
  * anyway): Mixtral on 16 H100s lists none, and its best without it fits. */
 static void test_plan_exclude_checkpoint(void)
@@ -393,5 +423,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-plan/plan-exclude-checkpoint", test_plan_exclude_checkpoint);
     g_test_add_func("/moe-plan/plan-ds-config", test_plan_ds_config);
     g_test_add_func("/moe-plan/plan-megatron-dispatchers", test_plan_megatron_dispatchers);
+    g_test_add_func("/moe-plan/deepspeed-tp-note", test_deepspeed_tp_note);
     return g_test_run();
 }
