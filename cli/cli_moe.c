@@ -61,7 +61,7 @@ void cli_moe_print_memory(const ZpModel *model, const ZpPlan plans[4], const ZpH
            ", %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT " layers sparse; EP %d (%" G_GINT64_FORMAT
            " experts a rank), expert data-parallel %d, DP %d (GB):\n",
            gpus, moe->experts, moe->top_k, zp_moe_sparse_layers(moe, model->layers),
-           model->layers, ep, moe->experts / ep, p->dp / ep, p->dp);
+           model->layers, ep, moe->experts / ep, zp_plan_edp(p), p->dp);
     printf("  %-28s %9s %9s %9s %9s\n", "term", "stage 0", "stage 1", "stage 2", "stage 3");
     ZpEpStates s[4];
     for (int stage = 0; stage <= 3; stage++)

@@ -29,6 +29,7 @@ typedef struct {
     char *recompute, *megatron_args;
     char *ep, *capacity_factor, *expert_skew; /* --ep, --capacity-factor, --expert-skew */
     char *moe_dispatcher;                     /* --moe-dispatcher alltoall|allgather */
+    char *expert_tp;                          /* --expert-tp: 1 or the TP degree */
     char *impl;     /* --impl deepspeed|fsdp|paper */
     char *kernels;  /* simulate --kernels NAME: the kernel inventory (zp_inventory) */
     char *gpu_memory; /* --gpu-memory: the cluster's GPUs with this memory */
@@ -156,6 +157,7 @@ static gboolean refuse_plan_flags(const SimulateFlags *f, int source, const char
         {"--expert-skew", f->expert_skew != NULL, FROM_SCHEDULE},
         /* Megatron's is --moe-token-dispatcher-type; DeepSpeed's experts take the all-to-all */
         {"--moe-dispatcher", f->moe_dispatcher != NULL, FROM_BOTH | FROM_MEGATRON},
+        {"--expert-tp", f->expert_tp != NULL, FROM_BOTH | FROM_MEGATRON},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(plan_flags); i++)
         if (plan_flags[i].given && (plan_flags[i].refused_by & source)) {
@@ -455,12 +457,17 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
         (!kernel_checked(f) && f->attention && !cli_attention_zreal(f->attention, plan, error)) ||
         !cli_recompute(f->recompute, f->checkpoint, plan, error))
         return FALSE;
-    if (f->moe_dispatcher && !zp_moe_enabled(&model->moe)) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "--moe-dispatcher: %s is not a mixture of experts", model->name);
+    const char *moe_only = f->moe_dispatcher ? "--moe-dispatcher"
+                           : f->expert_tp    ? "--expert-tp"
+                                             : NULL;
+    if (moe_only && !zp_moe_enabled(&model->moe)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s is not a mixture of experts",
+                    moe_only, model->name);
         return FALSE;
     }
     if (!cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &plan->experts, error) ||
+        !cli_int(f->expert_tp, "--expert-tp", 1, 1 << 20, 0, &plan->experts.etp, error) ||
+        !zp_plan_etp_check(plan, "--expert-tp", error) ||
         !zp_ep_check(model, plan, "--ep", error) ||
         (f->moe_dispatcher && (!zp_dispatcher_parse(f->moe_dispatcher, "--moe-dispatcher",
                                                     &plan->experts.dispatcher, error) ||
@@ -782,6 +789,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[56])
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP), paper (the ZeRO paper's volumes), megatron (Megatron-Core's DDP and distributed optimizer: stages 0 and 1) or fsdp2 (PyTorch's fully_shard: stage 3 reshards after forward, stage 2 does not)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_MOE_ENTRIES(&f->ep, &f->capacity_factor, &f->expert_skew),
+        {"expert-tp", 0, 0, G_OPTION_ARG_STRING, &f->expert_tp, "A mixture of experts under --impl megatron: the ranks each expert is split over, the TP degree (default) or 1 (whole experts on each rank, the expert-parallel group taken from the tensor and data-parallel ranks: Megatron-Core's --expert-tensor-parallel-size)", "N"},
         {"moe-dispatcher", 0, 0, G_OPTION_ARG_STRING, &f->moe_dispatcher, "A mixture of experts under --impl megatron: alltoall (default) or allgather (Megatron-Core's default --moe-token-dispatcher-type: each rank gathers every token of its TP x EP group, its experts' outputs are reduce-scattered back)", "D"},
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),
@@ -801,7 +809,7 @@ static void free_flags(SimulateFlags *f)
                       &f->offload_optimizer, &f->offload_param, &f->nvme_path,
                       &f->gpu_memory, &f->html, &f->recompute,
                       &f->megatron_args, &f->ep, &f->capacity_factor, &f->expert_skew,
-                      &f->moe_dispatcher};
+                      &f->moe_dispatcher, &f->expert_tp};
     for (size_t i = 0; i < G_N_ELEMENTS(texts); i++)
         g_free(*texts[i]);
     g_strfreev(f->slow_ranks);

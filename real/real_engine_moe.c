@@ -78,7 +78,7 @@ static gboolean check_moe(const RealEngine *e, GError **error)
                            "only, without offload, pipelines, tensor parallelism, ZeRO++ or "
                            "cpu_checkpointing");
     const ZpSchedExperts x = zp_sched_experts(s);
-    const int edp = s->plan.dp / zp_plan_ep(&s->plan);
+    const int edp = zp_plan_edp(&s->plan);
     if (e->stage == 1 && x.padded_elems != x.total_elems)
         return fail(error, "stage 1 keeps the experts' %" G_GUINT64_FORMAT " gradients whole: "
                            "zreal needs them a multiple of the %d expert-data-parallel ranks",
@@ -107,7 +107,7 @@ gboolean real_engine_moe_groups(RealEngine *e, GError **error)
         return TRUE;
     if (!check_moe(e, error))
         return FALSE;
-    const int ep = zp_plan_ep(&s->plan), edp = s->plan.dp / ep;
+    const int ep = zp_plan_ep(&s->plan), edp = zp_plan_edp(&s->plan);
     RealEngineMoe *m = e->moe = g_new0(RealEngineMoe, 1);
     /* DeepSpeed's deepspeed/utils/groups.py _create_expert_and_data_parallel: EP consecutive ranks
      * share the experts between them; the ranks ep apart hold the same experts. */

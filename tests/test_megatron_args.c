@@ -231,6 +231,19 @@ static void test_moe(void)
         g_assert_cmpint(p.experts.dispatcher, ==, ZP_DISPATCH_ALLGATHER);
         g_free(said);
     }
+    /* whole experts (--expert-tensor-parallel-size 1): EP 8 over TP 2 x DP 8 */
+    g_assert_true(parse_words("moe.sh", "--num-experts 8 --tensor-model-parallel-size 2 "
+                              "--sequence-parallel --expert-tensor-parallel-size 1 "
+                              "--expert-model-parallel-size 16 --moe-token-dispatcher-type alltoall",
+                              &m, 16, &p, &said) == FALSE);
+    g_free(said);
+    g_assert_true(parse_words("moe.sh", "--num-experts 8 --tensor-model-parallel-size 2 "
+                              "--sequence-parallel --expert-tensor-parallel-size 1 "
+                              "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall",
+                              &m, 16, &p, &said));
+    g_assert_cmpint(p.experts.etp, ==, 1);
+    g_assert_cmpint(zp_plan_edp(&p), ==, 2);
+    g_free(said);
     const struct {
         const char *args, *says;
     } bad[] = {
@@ -248,8 +261,19 @@ static void test_moe(void)
          "--sequence-parallel: absent, but Megatron-Core trains a mixture of experts with "
          "--tensor-model-parallel-size > 1 only with it"},
         {"--num-experts 8 --moe-token-dispatcher-type flex", "flex (DeepEP and its kin)"},
-        {"--num-experts 8 --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1",
-         "--expert-tensor-parallel-size 1: experts split otherwise"},
+        {"--num-experts 8 --tensor-model-parallel-size 2 --expert-tensor-parallel-size 4",
+         "--expert-tensor-parallel-size 4: experts split otherwise than over the dense layers' "
+         "TP (2) or whole (1)"},
+        {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel "
+         "--expert-tensor-parallel-size 1 --expert-model-parallel-size 8 "
+         "--moe-token-dispatcher-type alltoall --pipeline-model-parallel-size 4",
+         "--expert-model-parallel-size 8 does not divide the 8 experts and the tensor x "
+         "data-parallel size 4"},
+        {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel "
+         "--expert-tensor-parallel-size 1 --expert-model-parallel-size 8 "
+         "--moe-token-dispatcher-type alltoall --pipeline-model-parallel-size 2",
+         "--expert-tensor-parallel-size: 1 with a pipeline of 2 stages needs EP = TP (2, not "
+         "8)"},
         {"--num-experts 8 --moe-ffn-hidden-size 1408", "--moe-ffn-hidden-size is 1408"},
         {"--num-experts 8 --moe-layer-recompute", "--moe-layer-recompute is refused"},
         {"--num-experts 8 --moe-token-dispatcher-type all2all", "unknown value 'all2all'"},
@@ -361,6 +385,34 @@ static void test_moe(void)
     g_assert_nonnull(strstr(r.err, "--moe-dispatcher: the plan comes from --megatron-args"));
     tu_free(&r);
     g_free(args), g_free(words);
+    g_unlink(path);
+    g_free(path);
+    /* whole experts from the file, --expert-tensor-parallel-size 1 over TP 2 x DP 8 at EP 8,
+     * are --expert-tp 1's step */
+    words = g_strdup("pretrain_gpt.py --num-experts 8 --moe-grouped-gemm "
+                     "--tensor-model-parallel-size 2 --sequence-parallel --bf16 "
+                     "--expert-model-parallel-size 8 --expert-tensor-parallel-size 1 "
+                     "--moe-token-dispatcher-type alltoall --micro-batch-size 1 "
+                     "--global-batch-size 32 --use-distributed-optimizer --use-flash-attn");
+    path = write_args(words);
+    args = g_strdup_printf("%s --megatron-args %s --json", common, path);
+    from_file = tu_zplan_json_fit_or_not(args);
+    g_free(args);
+    args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --sequence-parallel --ep 8 "
+                           "--expert-tp 1 --micro-batch 1 --grad-accum 4 --precision bf16 "
+                           "--no-overlap --attention flash --reduce-dtype fp32 "
+                           "--reduce-bucket-size 40000000 --moe-dispatcher alltoall --json",
+                           common);
+    from_flags = tu_zplan_json_fit_or_not(args);
+    g_free(args);
+    g_assert_cmpfloat(json_number_value(json_object_get(from_file, "step_time_s")), ==,
+                      json_number_value(json_object_get(from_flags, "step_time_s")));
+    g_assert_cmpint(json_integer_value(json_object_get(
+                        json_object_get(json_object_get(from_file, "plan"), "experts"), "etp")),
+                    ==, 1);
+    json_decref(from_file);
+    json_decref(from_flags);
+    g_free(words);
     g_unlink(path);
     g_free(path);
 }

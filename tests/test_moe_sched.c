@@ -991,6 +991,136 @@ static void test_allgather_dispatcher(void)
     g_clear_error(&error);
 }
 
+/* Whole experts on each tensor rank (Megatron-Core's --expert-tensor-parallel-size 1) on the
+ * 2-layer MoE (h 64, E 4, top 2, f_e 32) at mp 2, dp 2 under sequence parallelism, micro-batch
+ * 2, by hand:
+ * - the expert grid is EP x (mp dp / EP) over the stage's 4 ranks: at EP 4 the EP group is all
+ *   4 consecutive ranks (across the tensor ranks), the expert-data-parallel group one rank;
+ *   at EP 2, 2 consecutive ranks and 2 ranks 2 apart;
+ * - each rank routes its T = 16 tokens, dispatches R = 32 copies (4,096 bytes) and its experts,
+ *   whole (3 x 64 x 32 = 6,144 elements each, not halved), compute those 32 tokens: 2 x 32 x
+ *   (64 x 64 + 32 x 64) = 393,216 FLOPs, with no gather over the tensor group and the block
+ *   keeping the attention's sum alone;
+ * - E / EP experts a rank: 6,144 elements a sparse unit at EP 4, 12,288 at EP 2; their model
+ *   states move from the split experts' (EP 2) as the closed form's do (zp_ep_model_states over
+ *   zp_plan_edp ranks; Megatron's dense bucket padding, which it leaves out, cancels);
+ * - the plan's JSON carries "etp": 1 and reads back; over a pipeline EP must be the tensor
+ *   group (EP 2 with 2 stages is laid out, EP 4 refused naming the field); outside Megatron,
+ *   and at an ETP other than 1 and mp, refused. */
+static void test_whole_experts(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    for (int ep = 2; ep <= 4; ep *= 2) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 1, 2, 2);
+        p.impl = ZP_IMPL_MEGATRON, p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+        p.sequence_parallel = TRUE;
+        p.experts.ep = ep, p.experts.etp = 1;
+        zp_impl_plan_defaults(&p);
+        g_assert_cmpint(zp_plan_edp(&p), ==, 4 / ep);
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+        zp_sched_groups(s, groups);
+        g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, ep);
+        g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 1);
+        g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 4 / ep);
+        g_assert_cmpint(groups[ZP_GROUP_EDP].stride, ==, ep);
+        guint experts = 0, a2a = 0, sums = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EXPERT_FWD) {
+                experts++;
+                g_assert_cmpfloat(op->flops, ==, 393216);
+            }
+            if (op->kind != ZP_OP_COLLECTIVE)
+                continue;
+            if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE) {
+                a2a++;
+                g_assert_cmpfloat(op->bytes, ==, 4096);
+            } else if (op->group == ZP_GROUP_TP && op->unit >= 1 && op->unit <= 2) {
+                g_assert_cmpuint(op->elems, ==, 2048); /* no expert gather over TP */
+                sums += op->sub == ZP_COLL_REDUCE_SCATTER;
+            }
+        }
+        g_assert_cmpuint(experts, ==, 2);
+        g_assert_cmpuint(a2a, ==, 8);
+        g_assert_cmpuint(sums, ==, 4);
+        const ZpSchedExperts x = zp_sched_experts(s);
+        g_assert_cmpuint(x.total_elems, ==, 2 * (4 / ep) * 6144);
+        const ZpStateBytes sb = zp_impl_state_bytes(&s->plan);
+        const ZpEpStates want = zp_ep_model_states(&m, &s->plan, 1, sb);
+        g_assert_cmpfloat(want.expert_params, ==, 2 * (4 / ep) * 6144);
+        /* Megatron pads its dense buckets, which the closed form does not: against the same
+         * plan with experts split over TP at EP 2 (the dense part the same), the schedule's
+         * states move by what the closed form's do */
+        ZpPlan split = p;
+        split.experts.etp = 0, split.experts.ep = 2;
+        ZpSchedule *t = zp_sched_build(&m, &split, &error);
+        g_assert_no_error(error);
+        const ZpEpStates base = zp_ep_model_states(&m, &t->plan, 1, sb);
+        g_test_message("EP %d: states %.0f (split at EP 2: %.0f), closed form %.0f (%.0f)", ep,
+                       zp_sched_model_state_bytes(s), zp_sched_model_state_bytes(t),
+                       want.total.total_bytes, base.total.total_bytes);
+        g_assert_cmpfloat(zp_sched_model_state_bytes(s) - zp_sched_model_state_bytes(t), ==,
+                          want.total.total_bytes - base.total.total_bytes);
+        /* EP 2: each rank's 2 experts whole, twice the split ones' states; EP 4: one whole
+         * expert, what 2 split ones hold */
+        g_assert_cmpint(want.total.total_bytes > base.total.total_bytes, ==, ep == 2);
+        zp_sched_free(t);
+        json_t *plan = zp_plan_to_json(&s->plan);
+        g_assert_cmpint(json_integer_value(json_object_get(json_object_get(plan, "experts"),
+                                                           "etp")), ==, 1);
+        ZpPlan back;
+        zp_plan_defaults(&back, 0, 1, 1);
+        g_assert_true(zp_plan_from_json(plan, "plan", &back, &error));
+        g_assert_no_error(error);
+        g_assert_cmpint(back.experts.etp, ==, 1);
+        json_decref(plan);
+        zp_sched_free(s);
+    }
+    const struct {
+        int pp, ep, etp;
+        ZpImplKind impl;
+        const char *says; /* NULL: built */
+    } shapes[] = {
+        {2, 2, 1, ZP_IMPL_MEGATRON, NULL},
+        {2, 4, 1, ZP_IMPL_MEGATRON, "experts.etp: 1 with a pipeline of 2 stages needs EP = TP"},
+        {1, 4, 1, ZP_IMPL_DEEPSPEED, "experts.etp: 1 is Megatron-Core's"},
+        {1, 2, 3, ZP_IMPL_MEGATRON, "experts.etp: 3: experts split over the TP degree (2)"},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
+        ZpPlan q;
+        zp_plan_defaults(&q, 1, shapes[k].pp == 1 ? 2 : 1, 2);
+        q.impl = shapes[k].impl, q.precision = ZP_PREC_BF16, q.micro_batch = 2;
+        q.sequence_parallel = TRUE, q.grad_accum = 4;
+        q.pipe.stages = shapes[k].pp;
+        q.experts.ep = shapes[k].ep, q.experts.etp = shapes[k].etp;
+        if (shapes[k].pp > 1) /* 8 ranks: mp 2 x pp 2 x dp 2 */
+            q.dp = 2;
+        zp_impl_plan_defaults(&q);
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &q, &error);
+        if (shapes[k].says) {
+            g_assert_null(s);
+            g_test_message("%s", error->message);
+            g_assert_nonnull(strstr(error->message, shapes[k].says));
+            g_clear_error(&error);
+            continue;
+        }
+        g_assert_no_error(error);
+        ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+        zp_sched_groups(s, groups);
+        g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, 2); /* the tensor group */
+        g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 1);
+        g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 2); /* the dp ranks */
+        g_assert_cmpint(groups[ZP_GROUP_EDP].stride, ==, 4);
+        zp_sched_free(s);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -1009,5 +1139,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-sched/experts-in-ipg-buckets", test_experts_in_ipg_buckets);
     g_test_add_func("/moe-sched/sequence-parallel-experts", test_sequence_parallel_experts);
     g_test_add_func("/moe-sched/allgather-dispatcher", test_allgather_dispatcher);
+    g_test_add_func("/moe-sched/whole-experts", test_whole_experts);
     return g_test_run();
 }

@@ -21,6 +21,16 @@ gboolean zp_ep_check(const ZpModel *model, const ZpPlan *plan, const char *flag,
                     model->moe.experts, model->name);
         return FALSE;
     }
+    if (zp_plan_etp(plan) == 1 && plan->mp > 1) { /* whole experts: EP over TP x DP */
+        if ((plan->mp * plan->dp) % ep != 0) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: %d does not divide the %d ranks of a stage (TP %d x DP %d: with "
+                        "whole experts the expert-parallel group is taken from them)", flag, ep,
+                        plan->mp * plan->dp, plan->mp, plan->dp);
+            return FALSE;
+        }
+        return TRUE;
+    }
     if (plan->dp % ep != 0) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
                     "%s: %d does not divide the data-parallel degree %d (the expert-parallel "
@@ -57,10 +67,11 @@ ZpEpStates zp_ep_model_states(const ZpModel *model, const ZpPlan *plan, int stag
     const double experts = zp_ep_expert_params(model);
     const double dense = (double)zp_model_param_count(model) - experts;
     ZpEpStates s = {0};
-    s.expert_params = experts / ep / plan->mp;
+    const int etp = zp_plan_etp(plan);
+    s.expert_params = experts / ep / etp;
     s.dense_params = dense / plan->mp;
     s.dense = zp_mem_model_states(dense, stage, plan->dp, plan->mp, bytes);
-    s.expert = zp_mem_model_states(experts / ep, stage, plan->dp / ep, plan->mp, bytes);
+    s.expert = zp_mem_model_states(experts / ep, stage, zp_plan_edp(plan), etp, bytes);
     s.total.params_bytes = s.dense.params_bytes + s.expert.params_bytes;
     s.total.grads_bytes = s.dense.grads_bytes + s.expert.grads_bytes;
     s.total.optim_bytes = s.dense.optim_bytes + s.expert.optim_bytes;
@@ -88,12 +99,12 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
         a->received_tokens = a->routed_tokens * zp_plan_expert_skew(plan);
     }
     if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
-        /* MoEAllGatherTokenDispatcher.token_dispatch gathers the T tokens of each of the t EP
-         * ranks of the TP x EP group (over t and EP even at 1: the gather is the identity
-         * there); the rank's E/EP experts take their 1/EP of the copies, each expert split t
-         * ways as the dense MLP, so t R, the busiest rank's skew included. */
-        a->gathered_tokens = a->tokens * plan->mp * zp_plan_ep(plan);
-        a->expert_tokens = a->received_tokens * plan->mp;
+        /* MoEAllGatherTokenDispatcher.token_dispatch gathers the T tokens of each of the
+         * ETP x EP ranks of its group (tp_ep: the expert tensor ranks of each EP rank; the
+         * gather is the identity over one); the rank's E/EP experts take their 1/EP of the
+         * copies, each expert split ETP ways, so ETP R, the busiest rank's skew included. */
+        a->gathered_tokens = a->tokens * zp_plan_etp(plan) * zp_plan_ep(plan);
+        a->expert_tokens = a->received_tokens * zp_plan_etp(plan);
         return;
     }
     a->expert_tokens = a->received_tokens * zp_ep_tp_gather(plan);
@@ -111,17 +122,20 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
 int zp_ep_tp_gather(const ZpPlan *plan)
 {
     return plan->experts.dispatcher == ZP_DISPATCH_ALLTOALL && plan->sequence_parallel &&
-                   plan->mp > 1
-               ? plan->mp
+                   zp_plan_etp(plan) > 1
+               ? zp_plan_etp(plan)
                : 1;
 }
 
+/* The experts' outputs come back summed over the tensor ranks (the expert tensor group's
+ * reduce-scatter, or the all-gather dispatcher's over TP x EP) or whole (each expert on one
+ * rank: ETP 1), so only split experts without sequence parallelism under the all-to-all leave
+ * partial sums for the block's row-parallel all-reduce. At TP 1 there is no sum to drop. */
 gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan)
 {
-    const gboolean experts_scatter = plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER
-                                         ? plan->mp > 1
-                                         : zp_ep_tp_gather(plan) > 1;
-    return !experts_scatter || model->moe.shared_ffn > 0;
+    const gboolean partial = plan->experts.dispatcher == ZP_DISPATCH_ALLTOALL &&
+                             zp_ep_tp_gather(plan) == 1 && zp_plan_etp(plan) > 1;
+    return plan->mp == 1 || partial || model->moe.shared_ffn > 0;
 }
 
 /* One block's saved activations with the MLP `ffn` wide (0: attention and norms alone). */
@@ -165,7 +179,7 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
     }
     route(model, plan, &a);
     const double e = zp_plan_elem_bytes(plan->precision), h = (double)model->hidden;
-    const double fe = (double)model->moe.expert_ffn / plan->mp;
+    const double fe = (double)model->moe.expert_ffn / zp_plan_etp(plan);
     const double E = (double)model->moe.experts, k = (double)model->moe.top_k;
     /* modeling_mixtral's MixtralSparseMoeBlock: softmax(router_logits, dtype=float) and
      * torch.topk's int64 indices; Megatron-Core's router keeps its probabilities in fp32 too. */

@@ -28,14 +28,14 @@ gboolean zp_ep_dispatcher_check(const ZpModel *model, const ZpPlan *plan, const 
 double zp_ep_expert_params(const ZpModel *model);
 
 typedef struct {
-    double expert_params; /* per rank: expert elements / (EP mp) */
+    double expert_params; /* per rank: expert elements / (EP ETP) */
     double dense_params;  /* per rank: the rest / mp */
     ZpModelStates expert, dense, total;
 } ZpEpStates;
 
 /* Model states per rank: the dense parameters under ZeRO `stage` over the dp ranks, the
- * expert parameters (E/EP experts a rank) under the same stage over the dp/EP ranks of the
- * expert-data-parallel group, as DeepSpeed's stage_1_and_2.py _configure_moe_settings
+ * expert parameters (E/EP experts a rank, split over ETP) under the same stage over the
+ * zp_plan_edp ranks of the expert-data-parallel group (dp/EP; mp dp/EP with whole experts), as DeepSpeed's stage_1_and_2.py _configure_moe_settings
  * (real_dp_process_group = expert_dp_process_group) and Megatron-Core's get_megatron_optimizer
  * (the expert parameters' optimizer over the expert data-parallel group) partition them. */
 ZpEpStates zp_ep_model_states(const ZpModel *model, const ZpPlan *plan, int stage,
@@ -64,7 +64,7 @@ typedef struct {
                               * dispatcher's expert outputs and their unpermuted sum, which it
                               * reduce-scatters: (t R + G) h e */
     double expert_act_bytes; /* the experts' saved inputs and gated MLP over the tokens they
-                              * compute: expert_tokens (h + 3 f_e / t) e */
+                              * compute: expert_tokens (h + 3 f_e / ETP) e */
     double combine_act_bytes; /* the expert outputs kept for the routing weights' gradient */
     double sparse_layer_bytes; /* one sparse layer's saved activations: attention, shared
                                 * experts, router, experts, combine */
@@ -75,16 +75,18 @@ typedef struct {
 
 /* t where the expert tensor group all-gathers what its ranks' all-to-all received before the
  * experts (and reduce-scatters their outputs after): the all-to-all dispatcher under sequence
- * parallelism over t > 1 tensor ranks; else 1 (the all-gather dispatcher's TP x EP gather
- * spans the tensor group itself). */
+ * parallelism with experts split over t = ETP > 1 tensor ranks; else 1 (whole experts take
+ * what they received; the all-gather dispatcher's TP x EP gather spans the expert tensor
+ * group itself). */
 int zp_ep_tp_gather(const ZpPlan *plan);
 
 /* Whether a sparse block's MLP ends in a tensor-parallel sum (Megatron's row-parallel fc2):
  * with shared experts it does (Megatron-Core's SharedExpertMLP: its fc1 gathers the sequence,
  * its fc2 reduce-scatters it), and under the all-to-all dispatcher without sequence
- * parallelism the routed experts' partial outputs are summed over the tensor group; else the
- * expert tensor group (zp_ep_tp_gather) or the all-gather dispatcher's TP x EP group
- * reduce-scatters them itself and the block keeps the attention's sum alone. */
+ * parallelism experts split over TP leave partial outputs summed over the tensor group; else
+ * the expert tensor group (zp_ep_tp_gather) or the all-gather dispatcher's TP x EP group
+ * reduce-scatters them itself, or whole experts (ETP 1) return them whole, and the block keeps
+ * the attention's sum alone. TRUE at TP 1. */
 gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan);
 
 /* A plan's sparse-layer tokens, buffers and activations per rank (16-bit activations in the

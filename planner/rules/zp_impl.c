@@ -369,7 +369,7 @@ uint64_t zp_impl_unit_expert_elems(const ZpSchedule *s, int unit)
         !s->unit_elems || s->unit_elems[unit] == 0)
         return 0; /* a dense unit, or another pipeline stage's */
     return (uint64_t)(s->model.moe.experts / zp_plan_ep(&s->plan)) *
-           zp_model_expert_tp_elems(&s->model, s->plan.mp);
+           zp_model_expert_tp_elems(&s->model, zp_plan_etp(&s->plan));
 }
 
 gboolean zp_impl_experts_in_buckets(const ZpSchedule *s)

@@ -129,7 +129,7 @@ static gboolean ds_experts_in_buckets(const ZpSchedule *s)
 {
     const ZpPlan *plan = &s->plan;
     if (plan->zero.stage != 2 || !plan->zero.contiguous_gradients || zp_plan_pp(plan) > 1 ||
-        plan->dp / zp_plan_ep(plan) <= 1)
+        zp_plan_edp(plan) <= 1)
         return FALSE;
     for (int u = 0; u < s->n_units; u++)
         if ((double)zp_impl_unit_expert_elems(s, u) > plan->zero.reduce_bucket_size)

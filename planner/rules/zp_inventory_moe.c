@@ -33,7 +33,7 @@ static void experts(const ZpModel *model, const ZpPlan *plan, gboolean backward,
     const ZpEpActivations a = zp_ep_activations(model, plan);
     const double e = zp_plan_elem_bytes(plan->precision), h = (double)model->hidden;
     const gboolean gated = zp_model_gated(model);
-    const double f = (double)model->moe.expert_ffn / plan->mp, f1 = gated ? 2 * f : f;
+    const double f = (double)model->moe.expert_ffn / zp_plan_etp(plan), f1 = gated ? 2 * f : f;
     const double local = (double)(model->moe.experts / zp_plan_ep(plan));
     const double m = a.expert_tokens / local, R = a.expert_tokens;
     if (!backward) {

@@ -30,10 +30,10 @@ uint64_t zp_sched_unit_expert_offset(const ZpSchedule *s, int unit)
     return offset;
 }
 
-/* The expert-data-parallel group: dp / EP ranks. */
+/* The expert-data-parallel group: dp / EP ranks (mp dp / EP with whole experts). */
 static uint64_t edp_ranks(const ZpSchedule *s)
 {
-    return (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
+    return (uint64_t)zp_plan_edp(&s->plan);
 }
 
 /* Whether the implementation reduces the expert gradients once the backward is done (ZpImpl
@@ -231,7 +231,7 @@ static Cost expert_cost(const Builder *b, gboolean backward)
     const ZpModel *m = &s->model;
     const gboolean gated = zp_model_gated(m);
     const double R = b->moe.expert_tokens, h = (double)m->hidden;
-    const double f = (double)m->moe.expert_ffn / s->plan.mp;
+    const double f = (double)m->moe.expert_ffn / zp_plan_etp(&s->plan);
     const double local = (double)(m->moe.experts / zp_plan_ep(&s->plan));
     const double flops = 2 * R * (h * (gated ? 2 : 1) * f + f * h);
     const double ew = (backward ? (gated ? 5 : 3) : (gated ? 3 : 2)) * R * f;
@@ -560,10 +560,10 @@ void zp_build_moe_param_gather(Builder *b, uint32_t after)
 
 uint64_t zp_build_moe_optimizer_elems_of(const ZpModel *model, const ZpPlan *plan)
 {
-    const uint64_t dp = (uint64_t)plan->dp, edp = (uint64_t)(plan->dp / zp_plan_ep(plan));
+    const uint64_t dp = (uint64_t)plan->dp, edp = (uint64_t)zp_plan_edp(plan);
     const int stage = plan->zero.stage;
     const uint64_t expert = (uint64_t)(model->moe.experts / zp_plan_ep(plan)) *
-                            zp_model_expert_tp_elems(model, plan->mp);
+                            zp_model_expert_tp_elems(model, zp_plan_etp(plan));
     uint64_t dense = 0, dense3 = 0, experts = 0, experts3 = 0;
     for (int u = 0; u < zp_model_n_units(model); u++) {
         const uint64_t d = zp_model_unit_dense_tp_elems(model, u, plan->mp);

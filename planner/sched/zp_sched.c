@@ -33,7 +33,7 @@
  * model is refused in one line. */
 static gboolean check_experts(const ZpModel *model, const ZpPlan *p, GError **error)
 {
-    if (!zp_ep_check(model, p, "ep", error) ||
+    if (!zp_plan_etp_check(p, "experts.etp", error) || !zp_ep_check(model, p, "ep", error) ||
         !zp_ep_dispatcher_check(model, p, "experts.dispatcher", error))
         return FALSE;
     if (!zp_moe_enabled(&model->moe))
@@ -668,16 +668,29 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
         .stride = dp_stride * local};
     /* Expert parallelism's subgroups of dp (zp_sched_graph.h): EP consecutive dp ranks, and
      * the dp / EP ranks EP apart that hold the same experts. */
-    const int ep = zp_plan_ep(&s->plan);
-    out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = dp_stride};
-    out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = s->plan.dp / ep, .stride = dp_stride * ep};
-    /* The all-gather dispatcher's TP x EP group: the stage's tensor ranks of EP consecutive dp
-     * ranks, a strided run where t = 1 (the EP group), EP = 1 (the TP group) or there is no
-     * pipeline (t EP consecutive ranks: dp_stride is t); zp_ep_dispatcher_check refuses the
-     * rest before a schedule is built. One rank under the all-to-all dispatcher. */
+    const int ep = zp_plan_ep(&s->plan), edp = zp_plan_edp(&s->plan);
+    const gboolean whole = zp_plan_etp(&s->plan) == 1 && s->plan.mp > 1;
+    if (!whole) {
+        out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = dp_stride};
+        out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = edp, .stride = dp_stride * ep};
+    } else {
+        /* Whole experts (ETP 1): EP consecutive ranks of the stage's mp x dp grid and the
+         * ranks EP apart in it, strided runs without a pipeline (dp_stride is mp) or where
+         * EP is the tensor group (zp_plan_etp_check refuses the rest). */
+        out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = 1};
+        out[ZP_GROUP_EDP] = stages == 1 ? (ZpCommGroup){.ranks = edp, .stride = ep}
+                                        : (ZpCommGroup){.ranks = edp, .stride = dp_stride};
+    }
+    /* The all-gather dispatcher's TP x EP group (the expert tensor ranks of each EP rank: ETP
+     * EP ranks), a strided run where ETP = 1 (the EP group), EP = 1 (the TP group) or there
+     * is no pipeline (t EP consecutive ranks: dp_stride is t); zp_ep_dispatcher_check refuses
+     * the rest before a schedule is built. One rank under the all-to-all dispatcher. */
     const gboolean gathers = s->plan.experts.dispatcher == ZP_DISPATCH_ALLGATHER;
-    out[ZP_GROUP_TPEP] = (ZpCommGroup){.ranks = gathers ? s->plan.mp * ep : 1,
-                                       .stride = s->plan.mp == 1 ? dp_stride : 1};
+    const int etp = zp_plan_etp(&s->plan);
+    out[ZP_GROUP_TPEP] =
+        !gathers  ? (ZpCommGroup){.ranks = 1, .stride = s->plan.mp == 1 ? dp_stride : 1}
+        : etp == 1 ? (ZpCommGroup){.ranks = ep, .stride = out[ZP_GROUP_EP].stride}
+                   : (ZpCommGroup){.ranks = etp * ep, .stride = 1};
     for (int g = 0; g < ZP_GROUP_N; g++)
         g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
     return ZP_GROUP_N;

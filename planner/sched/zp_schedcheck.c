@@ -333,7 +333,7 @@ static gboolean check_experts(Check *c, const ZpOp *op)
         return zp_build_moe_sparse(s, op->unit) ||
                bad(c, "unit", "= %d is no sparse block", op->unit);
     const int stage = s->plan.zero.stage;
-    const uint64_t edp = (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan));
+    const uint64_t edp = (uint64_t)zp_plan_edp(&s->plan);
     const ZpImpl *impl = zp_impl_get(s->plan.impl);
     if (copy) { /* a run of the expert space all-reduced after the backward */
         const ZpSchedExperts x = zp_sched_experts(s);
@@ -436,7 +436,7 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
         if (zp_build_moe_sparse(s, u) && c->s->plan.zero.stage == 3 &&
             op->bytes == (double)zp_mem_padded_elems(
                              zp_sched_unit_expert_elems(s, u),
-                             (uint64_t)(s->plan.dp / zp_plan_ep(&s->plan))) *
+                             (uint64_t)zp_plan_edp(&s->plan)) *
                              c->st.param_bytes)
             return TRUE; /* the unit's experts, gathered over the expert-data-parallel group */
         return need_bytes(c, op->bytes,

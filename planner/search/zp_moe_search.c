@@ -81,7 +81,8 @@ static double stage_memory_bytes(const ZpSearchSpec *spec, const ZpPlan *piped,
     const ZpStateBytes sb = zp_impl_state_bytes(&plan);
     const int s = plan.zero.stage;
     *states_bytes = zp_mem_model_states(dense, s, plan.dp, plan.mp, sb).total_bytes +
-                    zp_mem_model_states(experts / ep, s, plan.dp / ep, plan.mp, sb).total_bytes;
+                    zp_mem_model_states(experts / ep, s, zp_plan_edp(&plan), zp_plan_etp(&plan), sb)
+                        .total_bytes;
     const ZpResidual r = zp_mem_residual(&stage, &plan, spec->hw);
     const double in_flight = MIN(P, piped->grad_accum);
     *residual_bytes = r.total_bytes + (in_flight - 1) * (r.activations_bytes + r.checkpoint_bytes);
@@ -196,7 +197,7 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
     c->tp_s = tp_s(spec, p) * stretch;
     c->alltoall_s = dispatch_s(spec, p) * share * stretch;
     const int ep = zp_plan_ep(p);
-    const double experts = zp_ep_expert_params(spec->model) / ep / p->mp * share;
+    const double experts = zp_ep_expert_params(spec->model) / ep / zp_plan_etp(p) * share;
     const double dense = ((double)zp_model_param_count(spec->model) -
                           zp_ep_expert_params(spec->model)) / p->mp * share;
     double dense_reduce, dense_gather, expert_reduce, expert_gather;
@@ -204,7 +205,7 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
     const int dp_apart = (int)zp_plan_placed_dp_stride(p);
     group_s(spec, p, dense, p->dp, dp_apart, zp_impl_get(p->impl)->grad_collective(p),
             &dense_reduce, &dense_gather);
-    group_s(spec, p, experts, p->dp / ep, dp_apart * ep, zp_impl_expert_grad_collective(p),
+    group_s(spec, p, experts, zp_plan_edp(p), dp_apart * ep, zp_impl_expert_grad_collective(p),
             &expert_reduce, &expert_gather);
     const double reduce = dense_reduce + expert_reduce, gather = dense_gather + expert_gather;
     c->dp_s = reduce + gather;
@@ -293,7 +294,7 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
             /* Megatron-Core trains a mixture of experts over TP > 1 only with sequence
              * parallelism (moe_layer.py MoELayer.forward raises without it). */
             base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
-            base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL};
+            base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL, 0};
             add_micro(spec, &base, out);
             /* Megatron's other dispatcher, its default, where it communicates (TP x EP > 1)
              * and zplan lays its group out (zp_plan_dispatcher_check) */

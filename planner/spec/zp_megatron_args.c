@@ -310,13 +310,17 @@ static char *moe_contradiction(const ZpModel *model, const Args *a, int dp)
         return g_strdup_printf("--moe-layer-freq: 1 (the default) makes all %" G_GINT64_FORMAT
                                " layers sparse, but %s has %" G_GINT64_FORMAT, model->layers,
                                model->name, sparse);
-    if (a->etp > 0 && a->etp != a->tp)
+    if (a->etp > 1 && a->etp != a->tp)
         return g_strdup_printf("--expert-tensor-parallel-size %.0f: experts split otherwise than "
-                               "the dense layers' TP (%.0f) are not modeled", a->etp, a->tp);
-    if (fmod((double)moe->experts, a->ep) != 0 || dp % (int)a->ep != 0)
+                               "over the dense layers' TP (%.0f) or whole (1) are not modeled",
+                               a->etp, a->tp);
+    /* whole experts (--expert-tensor-parallel-size 1) take EP from the TP x DP ranks */
+    const int grid = a->etp == 1 ? (int)a->tp * dp : dp;
+    if (fmod((double)moe->experts, a->ep) != 0 || grid % (int)a->ep != 0)
         return g_strdup_printf("--expert-model-parallel-size %.0f does not divide the %"
-                               G_GINT64_FORMAT " experts and the data-parallel size %d", a->ep,
-                               moe->experts, dp);
+                               G_GINT64_FORMAT " experts and the %s size %d", a->ep,
+                               moe->experts, a->etp == 1 ? "tensor x data-parallel" : "data-parallel",
+                               grid);
     if (a->dispatcher == 2)
         return g_strdup("--moe-token-dispatcher-type flex (DeepEP and its kin) is not modeled");
     if (a->tp > 1 && !a->sp) /* moe_layer.py MoELayer.forward raises in training */
@@ -344,7 +348,9 @@ static gboolean moe_plan(const char *what, const ZpModel *model, const Args *a, 
     plan->experts.ep = (int)a->ep;
     plan->experts.capacity_factor = a->capacity > 0 ? a->capacity : 0;
     plan->experts.dispatcher = a->dispatcher == 0 ? ZP_DISPATCH_ALLGATHER : ZP_DISPATCH_ALLTOALL;
-    if (!zp_plan_dispatcher_check(plan, "--moe-token-dispatcher-type", error)) {
+    plan->experts.etp = a->etp == 1 ? 1 : 0;
+    if (!zp_plan_etp_check(plan, "--expert-tensor-parallel-size", error) ||
+        !zp_plan_dispatcher_check(plan, "--moe-token-dispatcher-type", error)) {
         g_prefix_error(error, "%s: ", what);
         return FALSE;
     }

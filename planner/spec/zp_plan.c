@@ -329,6 +329,28 @@ gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError *
     return FALSE;
 }
 
+gboolean zp_plan_etp_check(const ZpPlan *plan, const char *flag, GError **error)
+{
+    const int etp = plan->experts.etp;
+    if (etp == 0 || etp == plan->mp)
+        return TRUE;
+    if (etp != 1)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %d: experts split over the TP "
+                    "degree (%d) or whole on each rank (1) are modeled", flag, etp, plan->mp);
+    else if (plan->impl != ZP_IMPL_MEGATRON)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 is Megatron-Core's "
+                    "--expert-tensor-parallel-size (--impl megatron); %s's experts are timed "
+                    "split over TP", flag, zp_impl_name(plan->impl));
+    else if (zp_plan_pp(plan) > 1 && zp_plan_ep(plan) != plan->mp)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 with a pipeline of %d stages "
+                    "needs EP = TP (%d, not %d): zplan lays the EP group out across the tensor "
+                    "ranks only without a pipeline or as the tensor group", flag,
+                    zp_plan_pp(plan), plan->mp, zp_plan_ep(plan));
+    else
+        return TRUE;
+    return FALSE;
+}
+
 static const char *const dispatcher_names[] = {"alltoall", "allgather", NULL};
 
 const char *zp_dispatcher_name(ZpDispatcher dispatcher)
@@ -498,26 +520,31 @@ void *zp_plan_to_json(const ZpPlan *plan)
     if (plan->rank_order != ZP_ORDER_TP_DP_PP) /* only where it is not the default */
         json_object_set_new(o, "rank_order", json_string(zp_rank_order_name(plan->rank_order)));
     /* Expert parallelism (a mixture of experts) only where it is not the default. */
+    const gboolean own_etp = zp_plan_etp(plan) != plan->mp;
     if (zp_plan_ep(plan) > 1 || plan->experts.capacity_factor > 0 || plan->experts.skew > 1 ||
-        plan->experts.dispatcher != ZP_DISPATCH_ALLTOALL) {
+        plan->experts.dispatcher != ZP_DISPATCH_ALLTOALL || own_etp) {
         json_t *x = json_pack("{s:i, s:f, s:f}", "ep", zp_plan_ep(plan), "capacity_factor",
                               plan->experts.capacity_factor, "skew", zp_plan_expert_skew(plan));
         if (plan->experts.dispatcher != ZP_DISPATCH_ALLTOALL)
             json_object_set_new(x, "dispatcher",
                                 json_string(zp_dispatcher_name(plan->experts.dispatcher)));
+        if (own_etp)
+            json_object_set_new(x, "etp", json_integer(zp_plan_etp(plan)));
         json_object_set_new(o, "experts", x);
     }
     return o;
 }
 
-/* "experts": {"ep", "capacity_factor" (0: dropless), "skew", "dispatcher"}, all optional. */
+/* "experts": {"ep", "capacity_factor" (0: dropless), "skew", "dispatcher", "etp"}, all
+ * optional. */
 static gboolean experts_from_json(json_t *o, const char *what, ZpExpertConfig *x,
                                   GError **error)
 {
-    static const char *const keys[] = {"ep", "capacity_factor", "skew", "dispatcher", NULL};
+    static const char *const keys[] = {"ep", "capacity_factor", "skew", "dispatcher", "etp",
+                                       NULL};
     char *inner = g_strdup_printf("%s: experts", what);
     char *flag = g_strdup_printf("%s.dispatcher", inner);
-    int64_t ep = 1;
+    int64_t ep = 1, etp = 0;
     double skew = 1;
     const char *dispatcher = NULL;
     const gboolean ok =
@@ -527,8 +554,10 @@ static gboolean experts_from_json(json_t *o, const char *what, ZpExpertConfig *x
                            error) &&
         zp_json_get_number(o, inner, "skew", FALSE, 1, 1000, &skew, error) &&
         zp_json_get_string(o, inner, "dispatcher", FALSE, &dispatcher, error) &&
-        (!dispatcher || zp_dispatcher_parse(dispatcher, flag, &x->dispatcher, error));
+        (!dispatcher || zp_dispatcher_parse(dispatcher, flag, &x->dispatcher, error)) &&
+        zp_json_get_int(o, inner, "etp", FALSE, 1, 1 << 20, &etp, error);
     g_free(flag);
+    x->etp = (int)etp;
     if (!ok && error && !*error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", inner);
     g_free(inner);

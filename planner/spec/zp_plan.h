@@ -149,6 +149,11 @@ typedef struct {
                              * Megatron-Core's get_capacity); 0: dropless */
     double skew;            /* the busiest expert's load over the mean; 0: 1 */
     ZpDispatcher dispatcher;
+    /* Expert tensor parallelism (Megatron-Core's --expert-tensor-parallel-size): each expert
+     * split over the TP degree's ranks (0: mp, Megatron's default), or 1: whole on each rank,
+     * the experts' grid then EP x (mp dp / EP) over the stage's mp x dp ranks
+     * (parallel_state's expert rank generator, order tp-ep-dp-pp with etp 1). */
+    int etp;
 } ZpExpertConfig;
 
 typedef struct {
@@ -239,6 +244,17 @@ static inline int zp_plan_ep(const ZpPlan *plan)
 static inline double zp_plan_expert_skew(const ZpPlan *plan)
 {
     return plan->experts.skew > 1 ? plan->experts.skew : 1.0;
+}
+/* The ranks each expert is split over (ZpExpertConfig.etp): mp unless set. */
+static inline int zp_plan_etp(const ZpPlan *plan)
+{
+    return plan->experts.etp > 0 ? plan->experts.etp : plan->mp;
+}
+/* The expert-data-parallel degree: the ranks holding the same experts' same slices, the
+ * stage's mp x dp ranks over ETP x EP (dp / EP where experts split over TP). */
+static inline int zp_plan_edp(const ZpPlan *plan)
+{
+    return plan->mp * plan->dp / (zp_plan_etp(plan) * zp_plan_ep(plan));
 }
 
 /* The micro-steps of the step the plan's schedule stands for (ZpPlan.step_grad_accum). */
@@ -403,6 +419,11 @@ const char *zp_dispatcher_name(ZpDispatcher dispatcher);
  * group out as one strided run of its ranks only with TP 1, EP 1 or no pipeline
  * (ZP_GROUP_TPEP); else one line naming `flag`. TRUE for the all-to-all. */
 gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError **error);
+/* Expert tensor parallelism: the TP degree (the default) or 1, and 1 under TP > 1 only for
+ * Megatron-Core (--impl megatron) where zplan lays its EP and expert-data-parallel groups out
+ * as strided runs of its ranks: without a pipeline, or with EP = TP; else one line naming
+ * `flag`. EP's divisibility is zp_ep_check's. */
+gboolean zp_plan_etp_check(const ZpPlan *plan, const char *flag, GError **error);
 /* "alltoall" or "allgather" (Megatron's names) into *out; else one line naming `flag`. */
 gboolean zp_dispatcher_parse(const char *text, const char *flag, ZpDispatcher *out,
                              GError **error);
