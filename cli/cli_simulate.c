@@ -476,7 +476,7 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
     /* zplan's default is not Megatron-Core's (transformer_config.py moe_token_dispatcher_type
      * "allgather"): said where it could tell, the tokens crossing ranks */
     if (!f->moe_dispatcher && plan->impl == ZP_IMPL_MEGATRON && zp_moe_enabled(&model->moe) &&
-        plan->mp * zp_plan_ep(plan) > 1)
+        zp_plan_etp(plan) * zp_plan_ep(plan) > 1)
         cli_default_taken("--moe-dispatcher", "the alltoall dispatcher (Megatron-Core's own "
                           "default is allgather)");
     zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */

@@ -1081,6 +1081,21 @@ static void test_whole_experts(void)
         json_decref(plan);
         zp_sched_free(s);
     }
+    /* EP 1 with whole experts: the all-gather dispatcher's group is one rank, nothing sent */
+    ZpPlan one;
+    zp_plan_defaults(&one, 1, 2, 2);
+    one.impl = ZP_IMPL_MEGATRON, one.precision = ZP_PREC_BF16, one.micro_batch = 2;
+    one.sequence_parallel = TRUE, one.experts.etp = 1;
+    one.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+    zp_impl_plan_defaults(&one);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &one, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TPEP), ==, 0);
+    for (guint i = 0; i < s->ops->len; i++)
+        g_assert_true(zp_sched_op(s, i)->group != ZP_GROUP_TPEP ||
+                      zp_sched_op(s, i)->kind != ZP_OP_COLLECTIVE);
+    zp_sched_free(s);
     const struct {
         int pp, ep, etp;
         ZpImplKind impl;
@@ -1101,8 +1116,7 @@ static void test_whole_experts(void)
         if (shapes[k].pp > 1) /* 8 ranks: mp 2 x pp 2 x dp 2 */
             q.dp = 2;
         zp_impl_plan_defaults(&q);
-        GError *error = NULL;
-        ZpSchedule *s = zp_sched_build(&m, &q, &error);
+        s = zp_sched_build(&m, &q, &error);
         if (shapes[k].says) {
             g_assert_null(s);
             g_test_message("%s", error->message);

@@ -102,11 +102,13 @@ typedef enum {
  * (EP: the experts split over them, the all-to-alls) and the dp/EP ranks holding the same
  * experts, EP data-parallel ranks apart (EDP: ZeRO over it for the expert parameters), as
  * DeepSpeed's groups._create_expert_and_data_parallel and Megatron-Core's parallel_state
- * (order tp-cp-ep-dp-pp) carve them; and the TP x EP group the all-gather dispatcher gathers
- * every token over (TPEP: parallel_state's _EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, a stage's
- * t ranks of each of EP consecutive dp ranks; zp_sched_groups can lay it out only where it is
- * one strided run of zplan's ranks: t = 1, EP = 1 or no pipeline, zp_ep_dispatcher_check).
- * One rank each without experts. */
+ * (order tp-cp-ep-dp-pp) carve them (with whole experts, ZpExpertConfig.etp 1, EP consecutive
+ * ranks of the stage's tp x dp grid and the ranks EP apart in it); and the TP x EP group the
+ * all-gather dispatcher gathers every token over (TPEP: parallel_state's
+ * _EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, the expert tensor ranks of each of the EP group's;
+ * zp_sched_groups can lay these out only where each is one strided run of zplan's ranks,
+ * which zp_plan_dispatcher_check and zp_plan_etp_check require). One rank each without
+ * experts. */
 typedef enum {
     ZP_GROUP_DP,
     ZP_GROUP_TP,

@@ -35,9 +35,10 @@ typedef struct {
 
 /* Model states per rank: the dense parameters under ZeRO `stage` over the dp ranks, the
  * expert parameters (E/EP experts a rank, split over ETP) under the same stage over the
- * zp_plan_edp ranks of the expert-data-parallel group (dp/EP; mp dp/EP with whole experts), as DeepSpeed's stage_1_and_2.py _configure_moe_settings
- * (real_dp_process_group = expert_dp_process_group) and Megatron-Core's get_megatron_optimizer
- * (the expert parameters' optimizer over the expert data-parallel group) partition them. */
+ * zp_plan_edp ranks of the expert-data-parallel group (dp/EP; mp dp/EP with whole experts),
+ * as DeepSpeed's stage_1_and_2.py _configure_moe_settings (real_dp_process_group =
+ * expert_dp_process_group) and Megatron-Core's get_megatron_optimizer (the expert parameters'
+ * optimizer over the expert data-parallel group) partition them. */
 ZpEpStates zp_ep_model_states(const ZpModel *model, const ZpPlan *plan, int stage,
                               ZpStateBytes bytes);
 
@@ -48,10 +49,10 @@ typedef struct {
     double received_tokens;  /* R: tokens the busiest rank's all-to-all receives */
     double expert_tokens;    /* tokens its experts compute: R, or t R where the expert tensor
                               * group gathers what its t ranks received (sequence parallelism
-                              * over t > 1: each rank routed its own T = b s / t), and t R
+                              * over t > 1: each rank routed its own T = b s / t), and ETP R
                               * under the all-gather dispatcher (its E/EP experts' share of
-                              * the TP x EP group's tokens) */
-    double gathered_tokens;  /* G = t EP T: the TP x EP group's tokens the all-gather
+                              * the ETP x EP group's tokens) */
+    double gathered_tokens;  /* G = ETP EP T: the ETP x EP group's tokens the all-gather
                               * dispatcher gathers to each rank; 0 under the all-to-all */
     double router_bytes;     /* fp32 router probabilities [T, E] and int64 top-k indices [T, k] */
     double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e, or

@@ -318,12 +318,13 @@ static uint32_t tp_gather(Builder *b, ZpCollKind kind, int unit, int micro, uint
  * gathered rows of `width` elements of `elem_bytes` (an all-gather's output, a
  * reduce-scatter's input), on the compute stream, as Megatron runs
  * gather_from_sequence_parallel_region and reduce_scatter_to_sequence_parallel_region on the
- * current stream. None over one rank (token_dispatch communicates only where TP or EP > 1). */
+ * current stream. None over one rank (token_dispatch communicates only where the expert
+ * tensor group's size or EP is above 1). */
 static uint32_t tpep(Builder *b, ZpCollKind kind, int unit, int micro, double width,
                      double elem_bytes, const uint32_t *deps, guint n_deps)
 {
     const ZpSchedule *s = b->s;
-    if (s->plan.mp * zp_plan_ep(&s->plan) == 1)
+    if (zp_plan_etp(&s->plan) * zp_plan_ep(&s->plan) == 1)
         return deps[0];
     const double elems = b->moe.gathered_tokens * width;
     return zp_build_emit_collective(b, kind, ZP_GROUP_TPEP, unit, micro, -1, 0, (uint64_t)elems,

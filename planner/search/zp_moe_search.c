@@ -133,7 +133,7 @@ static double dispatch_s(const ZpSearchSpec *spec, const ZpPlan *p)
     const ZpModel *m = spec->model;
     if (p->experts.dispatcher != ZP_DISPATCH_ALLGATHER)
         return zp_ep_alltoall(m, p, spec->hw).step_time_s * zp_plan_pp(p);
-    const int n = p->mp * zp_plan_ep(p);
+    const int n = zp_plan_etp(p) * zp_plan_ep(p);
     if (n == 1)
         return 0;
     const ZpEpActivations a = zp_ep_activations(m, p);
@@ -299,7 +299,7 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
             /* Megatron's other dispatcher, its default, where it communicates (TP x EP > 1)
              * and zplan lays its group out (zp_plan_dispatcher_check) */
             base.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
-            if (mp * ep > 1 && zp_plan_dispatcher_check(&base, "", NULL))
+            if (zp_plan_etp(&base) * ep > 1 && zp_plan_dispatcher_check(&base, "", NULL))
                 add_micro(spec, &base, out);
         }
     }

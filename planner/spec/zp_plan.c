@@ -319,10 +319,10 @@ gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError *
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: allgather is Megatron-Core's "
                     "dispatcher (--impl megatron); %s's experts take the all-to-all", flag,
                     zp_impl_name(plan->impl));
-    else if (plan->mp > 1 && ep > 1 && pp > 1)
+    else if (zp_plan_etp(plan) > 1 && ep > 1 && pp > 1)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: allgather over TP %d x EP %d with a "
                     "pipeline of %d stages is not modeled: zplan lays the TP x EP group out "
-                    "without a pipeline, or with TP 1 or EP 1 (alltoall is)", flag, plan->mp, ep,
+                    "without a pipeline, or with TP 1, EP 1 or whole experts (alltoall is)", flag, plan->mp, ep,
                     pp);
     else
         return TRUE;

@@ -415,9 +415,9 @@ const char *zp_partition_name(ZpPartition partition);
 /* "tp-dp-pp" or "tp-pp-dp" (ZpRankOrder). */
 const char *zp_rank_order_name(ZpRankOrder order);
 const char *zp_dispatcher_name(ZpDispatcher dispatcher);
-/* The all-gather dispatcher is Megatron-Core's (--impl megatron), and zplan lays its TP x EP
- * group out as one strided run of its ranks only with TP 1, EP 1 or no pipeline
- * (ZP_GROUP_TPEP); else one line naming `flag`. TRUE for the all-to-all. */
+/* The all-gather dispatcher is Megatron-Core's (--impl megatron), and zplan lays its ETP x EP
+ * group out as one strided run of its ranks only with ETP 1 (the EP group), EP 1 or no
+ * pipeline (ZP_GROUP_TPEP); else one line naming `flag`. TRUE for the all-to-all. */
 gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError **error);
 /* Expert tensor parallelism: the TP degree (the default) or 1, and 1 under TP > 1 only for
  * Megatron-Core (--impl megatron) where zplan lays its EP and expert-data-parallel groups out
