@@ -25,6 +25,23 @@ static char *write_args(const char *text)
     return path;
 }
 
+/* `common` with the file at `path` (then `extra`) simulates the step `common` with `flags`
+ * (then `extra`) does, to the bit; the file's run as JSON, for the caller to read and free. */
+static json_t *same_step(const char *common, const char *path, const char *flags,
+                         const char *extra)
+{
+    char *args = g_strdup_printf("%s --megatron-args %s%s --json", common, path, extra);
+    json_t *from_file = tu_zplan_json_fit_or_not(args);
+    g_free(args);
+    args = g_strdup_printf("%s %s%s --json", common, flags, extra);
+    json_t *from_flags = tu_zplan_json_fit_or_not(args);
+    g_free(args);
+    g_assert_cmpfloat(json_number_value(json_object_get(from_file, "step_time_s")), ==,
+                      json_number_value(json_object_get(from_flags, "step_time_s")));
+    json_decref(from_flags);
+    return from_file;
+}
+
 /* Every flag of the script lands where Megatron puts it: TP 8 x DP 8 on 64 GPUs, the
  * distributed optimizer (stage 1), 64 / (1 x 8) = 8 micro-steps, sequence parallelism,
  * selective recomputation (--recompute-activations), bf16 with fp32 gradient reduction
@@ -310,23 +327,14 @@ static void test_moe(void)
                                   "--use-distributed-optimizer --use-flash-attn", base);
     char *path = write_args(words);
     const char *common = "simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 16 --seq 512";
-    for (int skewed = 0; skewed <= 1; skewed++) {
-        const char *skew = skewed ? " --expert-skew 1.5" : "";
-        args = g_strdup_printf("%s --megatron-args %s%s --json", common, path, skew);
-        json_t *from_file = tu_zplan_json_fit_or_not(args);
-        g_free(args);
-        args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --sequence-parallel "
-                               "--ep 4 --micro-batch 1 "
-                               "--grad-accum 4 --precision bf16 --no-overlap --attention flash "
-                               "--reduce-dtype fp32 --reduce-bucket-size 40000000%s --json",
-                               common, skew);
-        json_t *from_flags = tu_zplan_json_fit_or_not(args);
-        g_free(args);
-        g_assert_cmpfloat(json_number_value(json_object_get(from_file, "step_time_s")), ==,
-                          json_number_value(json_object_get(from_flags, "step_time_s")));
-        json_decref(from_file);
-        json_decref(from_flags);
-    }
+    /* the flags the file's plan is, but for what each case adds */
+    const char *flags = "--impl megatron --stage 1 --mp 2 --sequence-parallel --micro-batch 1 "
+                        "--grad-accum 4 --precision bf16 --no-overlap --attention flash "
+                        "--reduce-dtype fp32 --reduce-bucket-size 40000000";
+    char *plain = g_strdup_printf("%s --ep 4", flags);
+    for (int skewed = 0; skewed <= 1; skewed++)
+        json_decref(same_step(common, path, plain, skewed ? " --expert-skew 1.5" : ""));
+    g_free(plain);
     /* The flags without --sequence-parallel: simulated, with a note that Megatron would not
      * train it; with it, no such note. */
     for (int sp = 0; sp <= 1; sp++) {
@@ -361,24 +369,15 @@ static void test_moe(void)
                      "--expert-model-parallel-size 4 --micro-batch-size 1 "
                      "--global-batch-size 32 --use-distributed-optimizer --use-flash-attn");
     path = write_args(words);
-    args = g_strdup_printf("%s --megatron-args %s --json", common, path);
-    json_t *from_file = tu_zplan_json_fit_or_not(args);
-    g_free(args);
-    args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --sequence-parallel --ep 4 "
-                           "--micro-batch 1 --grad-accum 4 --precision bf16 --no-overlap "
-                           "--attention flash --reduce-dtype fp32 --reduce-bucket-size 40000000 "
-                           "--moe-dispatcher allgather --json", common);
-    json_t *from_flags = tu_zplan_json_fit_or_not(args);
-    g_free(args);
-    g_assert_cmpfloat(json_number_value(json_object_get(from_file, "step_time_s")), ==,
-                      json_number_value(json_object_get(from_flags, "step_time_s")));
+    char *gathered = g_strdup_printf("%s --ep 4 --moe-dispatcher allgather", flags);
+    json_t *from_file = same_step(common, path, gathered, "");
+    g_free(gathered);
     json_t *comm = json_object_get(from_file, "comm_bytes_per_rank");
     g_assert_cmpfloat(json_number_value(json_object_get(comm, "tpep")), >, 0);
     g_assert_cmpfloat(json_number_value(json_object_get(comm, "ep")), ==, 0);
     g_assert_cmpstr(json_string_value(json_object_get(from_file, "moe_dispatcher")), ==,
                     "allgather");
     json_decref(from_file);
-    json_decref(from_flags);
     args = g_strdup_printf("%s --megatron-args %s --moe-dispatcher alltoall", common, path);
     r = tu_zplan(args);
     g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
@@ -395,23 +394,13 @@ static void test_moe(void)
                      "--moe-token-dispatcher-type alltoall --micro-batch-size 1 "
                      "--global-batch-size 32 --use-distributed-optimizer --use-flash-attn");
     path = write_args(words);
-    args = g_strdup_printf("%s --megatron-args %s --json", common, path);
-    from_file = tu_zplan_json_fit_or_not(args);
-    g_free(args);
-    args = g_strdup_printf("%s --impl megatron --stage 1 --mp 2 --sequence-parallel --ep 8 "
-                           "--expert-tp 1 --micro-batch 1 --grad-accum 4 --precision bf16 "
-                           "--no-overlap --attention flash --reduce-dtype fp32 "
-                           "--reduce-bucket-size 40000000 --moe-dispatcher alltoall --json",
-                           common);
-    from_flags = tu_zplan_json_fit_or_not(args);
-    g_free(args);
-    g_assert_cmpfloat(json_number_value(json_object_get(from_file, "step_time_s")), ==,
-                      json_number_value(json_object_get(from_flags, "step_time_s")));
+    char *whole = g_strdup_printf("%s --ep 8 --expert-tp 1 --moe-dispatcher alltoall", flags);
+    from_file = same_step(common, path, whole, "");
+    g_free(whole);
     g_assert_cmpint(json_integer_value(json_object_get(
                         json_object_get(json_object_get(from_file, "plan"), "experts"), "etp")),
                     ==, 1);
     json_decref(from_file);
-    json_decref(from_flags);
     g_free(words);
     g_unlink(path);
     g_free(path);
