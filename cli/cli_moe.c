@@ -121,20 +121,22 @@ void cli_moe_read_simulated(const ZpSearchSpec *spec, ZpMoeCandidate *c)
 static void print_candidate(int rank, const ZpMoeCandidate *c)
 {
     const ZpPlan *p = &c->plan;
-    printf("  %4d %4d %4d %4d %5d %5d %5d %4s %9s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n", rank,
-           zp_plan_ep(p), p->mp, zp_plan_pp(p), p->zero.stage, p->micro_batch, p->grad_accum,
+    printf("  %4d %4d %4d %4d %4d %5d %5d %5d %4s %9s %9.1f %9.3f %7.1f%% %12.0f %9s%s\n",
+           rank, zp_plan_ep(p), p->mp, zp_plan_etp(p), zp_plan_pp(p), p->zero.stage,
+           p->micro_batch, p->grad_accum,
            p->checkpoint ? "full" : p->selective_recompute ? "sel" : "no",
            zp_dispatcher_name(p->experts.dispatcher), c->memory_bytes / GB, c->step_s,
            100.0 * c->alltoall_s / c->step_s, c->tokens_per_s,
            c->simulated ? "simulated" : "closed", c->fits ? "" : "  (does not fit)");
 }
 
-/* "dispatch" is the tokens' way to the experts (ZpDispatcher), "comm" its collectives' share
- * of the step (the all-to-alls, or the all-gather dispatcher's gathers and reduce-scatters). */
+/* "ETP" the ranks each expert is split over (the TP degree, or 1: whole), "dispatch" the
+ * tokens' way to the experts (ZpDispatcher), "comm" its collectives' share of the step (the
+ * all-to-alls, or the all-gather dispatcher's gathers and reduce-scatters). */
 static void print_header(void)
 {
-    printf("  %4s %4s %4s %4s %5s %5s %5s %4s %9s %9s %9s %8s %12s %9s\n", "#", "EP", "TP",
-           "PP", "stage", "micro", "accum", "ckpt", "dispatch", "GB/GPU", "step s", "comm",
+    printf("  %4s %4s %4s %4s %4s %5s %5s %5s %4s %9s %9s %9s %8s %12s %9s\n", "#", "EP", "TP",
+           "ETP", "PP", "stage", "micro", "accum", "ckpt", "dispatch", "GB/GPU", "step s", "comm",
            "tokens/s", "judged");
 }
 
@@ -357,7 +359,7 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
            timed,
            spec->impl == ZP_IMPL_MEGATRON
                ? "TP > 1 runs with sequence parallelism, as Megatron-Core trains a mixture of "
-                 "experts.\n"
+                 "experts, its experts split over TP or whole (ETP 1).\n"
            : spec->impl == ZP_IMPL_DEEPSPEED && spec->mp != 1
                ? "TP > 1 is timed with the experts split over TP as Megatron-Core splits them; "
                  "DeepSpeed by default keeps\nwhole experts on each tensor rank, which zplan "

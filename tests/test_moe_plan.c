@@ -66,12 +66,13 @@ static void test_plan_alltoall_is_simulate(void)
     char *args = g_strdup_printf("plan %s --global-batch 512", common);
     TuRun r = tu_zplan(args);
     g_assert_true(g_spawn_check_wait_status(r.status, NULL));
-    int rank, ep, tp, pp, stage, micro, accum;
+    int rank, ep, tp, etp, pp, stage, micro, accum;
     char ckpt[8];
     const char *row = strstr(r.out, "\n     1 ");
     g_assert_nonnull(row);
-    g_assert_cmpint(sscanf(row, " %d %d %d %d %d %d %d %7s", &rank, &ep, &tp, &pp, &stage, &micro,
-                           &accum, ckpt), ==, 8);
+    g_assert_cmpint(sscanf(row, " %d %d %d %d %d %d %d %d %7s", &rank, &ep, &tp, &etp, &pp,
+                           &stage, &micro, &accum, ckpt), ==, 9);
+    g_assert_cmpint(etp, ==, tp); /* deepspeed's experts split over TP */
     double step_s, a2a_s;
     const char *line = strstr(r.out, "Plan 1: ");
     g_assert_nonnull(line);
@@ -194,12 +195,13 @@ static void test_plan_simulates_shortlist(void)
 }
 
 /* Under --impl megatron the search weighs both of Megatron-Core's dispatchers (Mixtral-8x7B
- * on 64 H100s at s 512): every plan where the allgather one communicates (TP x EP > 1) and
- * zplan lays its group out comes with it too, none at TP x EP 1; its closed form's collectives
+ * on 64 H100s at s 512), and experts split over TP or whole (ETP 1, where zplan lays its
+ * groups out, EP then dividing TP x DP, not only dp): every plan where the allgather one
+ * communicates (ETP x EP > 1) and zplan lays its group out comes with it too, none at 1; its closed form's collectives
  * (gathers and reduce-scatters over TP x EP at the simulator's collective cost) are within 2%
  * of the simulator's for the plans without a pipeline, at TP 1 and 2 (at 512 tokens a rank the
  * pieces are small: the closed form at busbw alone was 42% short at EP 4); deepspeed's plans
- * keep the all-to-all alone. */
+ * keep the all-to-all and split experts alone. */
 static void test_plan_megatron_dispatchers(void)
 {
     ZpModel m = tu_load_model("hf/mixtral-8x7b");
@@ -215,37 +217,51 @@ static void test_plan_megatron_dispatchers(void)
         GError *error = NULL;
         GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
         g_assert_no_error(error);
-        guint gathers = 0, compared = 0, alltoalls = 0;
+        guint gathers = 0, compared = 0, alltoalls = 0, whole = 0, beyond_dp = 0;
         for (guint i = 0; i < c->len; i++) {
             ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
             const ZpPlan *p = &x->plan;
+            if (zp_plan_etp(p) != p->mp) { /* whole experts: Megatron's, laid out */
+                whole++;
+                beyond_dp += p->dp % zp_plan_ep(p) != 0;
+                g_assert_cmpint(zp_plan_etp(p), ==, 1);
+                g_assert_true(zp_plan_etp_check(p, "test", NULL));
+                g_assert_cmpint((p->mp * p->dp) % zp_plan_ep(p), ==, 0);
+            }
             if (p->experts.dispatcher == ZP_DISPATCH_ALLTOALL) {
                 alltoalls++;
                 continue;
             }
             gathers++;
-            g_assert_cmpint(p->mp * zp_plan_ep(p), >, 1);
-            g_assert_true(p->mp == 1 || zp_plan_ep(p) == 1 || zp_plan_pp(p) == 1);
+            g_assert_cmpint(zp_plan_etp(p) * zp_plan_ep(p), >, 1);
+            g_assert_true(zp_plan_etp(p) == 1 || zp_plan_ep(p) == 1 || zp_plan_pp(p) == 1);
+            /* the first 3 without a pipeline of each ETP kind (split, whole) at TP 1 or 2 */
+            const gboolean split = zp_plan_etp(p) == p->mp;
             if (zp_plan_pp(p) > 1 || p->zero.stage != 1 || p->checkpoint || p->micro_batch != 1 ||
-                (p->mp != 1 && p->mp != 2) || compared >= 6)
+                (p->mp != 1 && p->mp != 2) || (split ? compared % 16 : compared / 16) >= 3)
                 continue;
             SimResult *r = cli_rank_simulate(&m, &hw, p, 0, NULL, &error);
             g_assert_no_error(error);
-            g_test_message("EP %d TP %d: closed form %.4f s, simulated %.4f s", zp_plan_ep(p),
-                           p->mp, x->alltoall_s, r->alltoall_s);
+            g_test_message("EP %d TP %d ETP %d: closed form %.4f s, simulated %.4f s",
+                           zp_plan_ep(p), p->mp, zp_plan_etp(p), x->alltoall_s, r->alltoall_s);
             g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_TPEP], >, 0);
             g_assert_cmpfloat(fabs(x->alltoall_s / r->alltoall_s - 1), <, 0.02);
             sim_result_free(r);
-            compared++;
+            compared += split ? 1 : 16;
         }
-        g_test_message("%s: %u plans with the all-to-all, %u with the all-gather",
-                       megatron ? "megatron" : "deepspeed", alltoalls, gathers);
+        g_test_message("%s: %u plans with the all-to-all, %u with the all-gather; %u with "
+                       "whole experts, %u of them at an EP no divisor of dp",
+                       megatron ? "megatron" : "deepspeed", alltoalls, gathers, whole, beyond_dp);
         g_assert_cmpuint(alltoalls, >, 0);
         if (!megatron) {
             g_assert_cmpuint(gathers, ==, 0);
+            g_assert_cmpuint(whole, ==, 0);
         } else {
+            g_assert_cmpuint(whole, >, 0);
+            g_assert_cmpuint(beyond_dp, >, 0);
+            g_assert_cmpuint(compared % 16, ==, 3);
+            g_assert_cmpuint(compared / 16, ==, 3);
             g_assert_cmpuint(gathers, >, alltoalls / 2);
-            g_assert_cmpuint(compared, >=, 4);
         }
         g_array_unref(c);
     }
@@ -336,16 +352,17 @@ static void test_sweep_tflops(void)
         }
         g_strfreev(cells);
     }
-    /* plan's best at 64 GPUs: "   1   EP   TP   PP stage micro accum ckpt ..." */
+    /* plan's best at 64 GPUs: "   1   EP   TP  ETP   PP stage micro accum ckpt ..." */
     char *plan_args = g_strdup_printf("plan %s --gpus 64 --top 1", common);
     r = tu_zplan(plan_args);
     g_assert_cmpint(r.status, ==, 0);
     const char *row = strstr(r.out, "\n     1 ");
     g_assert_nonnull(row);
-    int ep, tp, pp, stage, micro, accum;
+    int ep, tp, etp, pp, stage, micro, accum;
     char ckpt[8];
-    g_assert_cmpint(sscanf(row, " 1 %d %d %d %d %d %d %7s", &ep, &tp, &pp, &stage, &micro,
-                           &accum, ckpt), ==, 7);
+    g_assert_cmpint(sscanf(row, " 1 %d %d %d %d %d %d %d %7s", &ep, &tp, &etp, &pp, &stage,
+                           &micro, &accum, ckpt), ==, 8);
+    g_assert_cmpint(etp, ==, tp);
     tu_free(&r);
     char *sim_args = g_strdup_printf(
         "simulate %s --gpus 64 --ep %d --mp %d --pp %d --stage %d --micro-batch %d "

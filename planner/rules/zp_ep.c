@@ -257,9 +257,11 @@ ZpEpAlltoall zp_ep_alltoall(const ZpModel *model, const ZpPlan *plan, const ZpHw
     x.send_bytes = a.received_tokens * h * e;
     /* The EP group's ranks are spaced by the tensor degree (Megatron-Core's rank order
      * tp-cp-ep-dp-pp; DeepSpeed's expert groups over data-parallel ranks), so a node holds
-     * gpus_per_node / t of them. A chunk of send/EP goes to each peer, its own stays. */
+     * gpus_per_node / t of them; whole experts (ETP 1) take consecutive ranks. A chunk of
+     * send/EP goes to each peer, its own stays. */
+    const int spacing = zp_plan_etp(plan) == 1 ? 1 : plan->mp;
     const int per_node = hw && hw->gpus_per_node > 0 ? hw->gpus_per_node : ep * plan->mp;
-    const int on_node = MAX(1, MIN(ep, per_node / plan->mp));
+    const int on_node = MAX(1, MIN(ep, per_node / spacing));
     x.intra_bytes = x.send_bytes * (on_node - 1) / ep;
     x.inter_bytes = x.send_bytes * (ep - on_node) / ep;
     if (hw)

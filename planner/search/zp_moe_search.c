@@ -205,7 +205,12 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
     const int dp_apart = (int)zp_plan_placed_dp_stride(p);
     group_s(spec, p, dense, p->dp, dp_apart, zp_impl_get(p->impl)->grad_collective(p),
             &dense_reduce, &dense_gather);
-    group_s(spec, p, experts, zp_plan_edp(p), dp_apart * ep, zp_impl_expert_grad_collective(p),
+    /* the expert-data-parallel group where zp_sched_groups lays it: EP dp ranks apart, or
+     * with whole experts EP ranks apart in the stage's TP x DP grid (dp ranks apart with a
+     * pipeline, where EP is the tensor group) */
+    const int edp_apart = zp_plan_etp(p) == 1 && p->mp > 1 ? (P > 1 ? dp_apart : ep)
+                                                             : dp_apart * ep;
+    group_s(spec, p, experts, zp_plan_edp(p), edp_apart, zp_impl_expert_grad_collective(p),
             &expert_reduce, &expert_gather);
     const double reduce = dense_reduce + expert_reduce, gather = dense_gather + expert_gather;
     c->dp_s = reduce + gather;
@@ -273,34 +278,43 @@ static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, GArray *out)
     }
 }
 
-/* Every EP degree and stage at one TP degree and pipeline. */
+/* Every EP degree and stage at one TP degree and pipeline: the experts split over TP (EP
+ * dividing dp), and under --impl megatron over TP > 1 whole on each rank too (ETP 1: EP
+ * dividing TP x DP, where zp_plan_etp_check lays the groups out). */
 static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, double skew,
                         double capacity_factor, GArray *out)
 {
     const ZpModel *m = spec->model;
     const int node = MAX(spec->hw->gpus_per_node, 1);
     const int dp = spec->gpus / (mp * MAX(pipe.stages, 1));
-    for (int ep = 1; ep <= dp; ep++) {
-        if (m->moe.experts % ep || dp % ep)
-            continue;
-        for (int stage = 0; stage <= 3; stage++) {
-            if ((spec->stage >= 0 && stage != spec->stage) ||
-                !zp_impl_get(spec->impl)->has_stage(stage))
+    const int wholes = spec->impl == ZP_IMPL_MEGATRON && mp > 1 ? 2 : 1;
+    for (int whole = 0; whole < wholes; whole++) {
+        const int grid = whole ? mp * dp : dp; /* the ranks EP is taken from */
+        for (int ep = 1; ep <= grid; ep++) {
+            if (m->moe.experts % ep || grid % ep)
                 continue;
-            ZpPlan base;
-            zp_search_plan_base(spec, stage, dp, mp, &base);
-            base.gpus_per_node = node;
-            base.pipe = pipe;
-            /* Megatron-Core trains a mixture of experts over TP > 1 only with sequence
-             * parallelism (moe_layer.py MoELayer.forward raises without it). */
-            base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
-            base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL, 0};
-            add_micro(spec, &base, out);
-            /* Megatron's other dispatcher, its default, where it communicates (TP x EP > 1)
-             * and zplan lays its group out (zp_plan_dispatcher_check) */
-            base.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
-            if (zp_plan_etp(&base) * ep > 1 && zp_plan_dispatcher_check(&base, "", NULL))
+            for (int stage = 0; stage <= 3; stage++) {
+                if ((spec->stage >= 0 && stage != spec->stage) ||
+                    !zp_impl_get(spec->impl)->has_stage(stage))
+                    continue;
+                ZpPlan base;
+                zp_search_plan_base(spec, stage, dp, mp, &base);
+                base.gpus_per_node = node;
+                base.pipe = pipe;
+                /* Megatron-Core trains a mixture of experts over TP > 1 only with sequence
+                 * parallelism (moe_layer.py MoELayer.forward raises without it). */
+                base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
+                base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL,
+                                                whole ? 1 : 0};
+                if (!zp_plan_etp_check(&base, "", NULL))
+                    continue;
                 add_micro(spec, &base, out);
+                /* Megatron's other dispatcher, its default, where it communicates (ETP x EP
+                 * > 1) and zplan lays its group out (zp_plan_dispatcher_check) */
+                base.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+                if (zp_plan_etp(&base) * ep > 1 && zp_plan_dispatcher_check(&base, "", NULL))
+                    add_micro(spec, &base, out);
+            }
         }
     }
 }
