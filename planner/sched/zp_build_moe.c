@@ -417,6 +417,23 @@ static const Dispatcher *dispatcher(const Builder *b)
     return &dispatchers[b->s->plan.experts.dispatcher];
 }
 
+/* A sparse block's first EP buffer, taken after `after` (the last compute op) and the
+ * tensor-parallel sums still pending (Builder.sync_deps), which only the next compute op would
+ * otherwise wait for: the router reads the attention's summed output (Megatron-Core's
+ * MoELayer after the row-parallel projection's all-reduce, or its reduce-scatter under
+ * sequence parallelism), and backward the experts' output gradient is the next layer's summed
+ * input gradient, so no dispatch collective (each waits on this alloc) starts before them. */
+static uint32_t take_after_sums(Builder *b, double bytes, int unit, int micro, int *buffer,
+                                uint32_t after)
+{
+    GArray *deps = b->compute_deps; /* scratch: zp_build_emit_alloc does not use it */
+    g_array_set_size(deps, 0);
+    g_array_append_val(deps, after);
+    g_array_append_vals(deps, b->sync_deps->data, b->n_sync);
+    return zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, bytes, unit, micro, buffer,
+                               (const uint32_t *)deps->data, deps->len);
+}
+
 void zp_build_moe_forward(Builder *b, int unit, int micro)
 {
     if (!zp_build_moe_sparse(b->s, unit))
@@ -426,8 +443,7 @@ void zp_build_moe_forward(Builder *b, int unit, int micro)
     int gathered, sent, returned;
     const uint32_t gather = gather_experts(b, unit, micro, &gathered);
     const uint32_t block = b->last_compute;
-    const uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, dispatch, unit, micro,
-                                               &sent, &block, 1);
+    const uint32_t alloc = take_after_sums(b, dispatch, unit, micro, &sent, block);
     const uint32_t in = d->in(b, unit, micro, FALSE, block, alloc);
     /* The experts write their outputs into the combine's send buffer, so it is taken before
      * them and the dispatch's freed after (zreal's experts read one and write the other:
@@ -452,8 +468,7 @@ int zp_build_moe_backward(Builder *b, int unit, int micro, gboolean reduce)
     int gathered, sent, returned;
     const uint32_t gather = gather_experts(b, unit, micro, &gathered);
     const uint32_t before = b->last_compute;
-    const uint32_t alloc = zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, combine, unit, micro,
-                                               &sent, &before, 1);
+    const uint32_t alloc = take_after_sums(b, combine, unit, micro, &sent, before);
     const Dispatcher *d = dispatcher(b);
     const uint32_t in = d->in(b, unit, micro, TRUE, alloc, alloc);
     /* As in forward: the experts' input gradients go into the combine's buffer, taken first. */
