@@ -373,12 +373,15 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
     if (any) {
         const ZpMoeCandidate *b = &g_array_index(c, ZpMoeCandidate, 0);
         printf("\nPlan 1: %.1f GB a GPU of %.1f%s (closed form: states %.1f, activations, "
-               "buffers and reserve %.1f); a step of %.3f s%s, all-to-all %.3f s; closed form "
+               "buffers and reserve %.1f); a step of %.3f s%s, %s %.3f s; closed form "
                "compute %.3f, TP all-reduces %.3f, data-parallel %.3f beside them.\n",
                b->memory_bytes / GB, spec->hw->gpu_memory_bytes / GB,
                b->simulated ? " simulated" : "", b->states_bytes / GB, b->residual_bytes / GB,
-               b->step_s, b->simulated ? " simulated" : "", b->alltoall_s, b->compute_s,
-               b->tp_s, b->dp_s);
+               b->step_s, b->simulated ? " simulated" : "",
+               b->plan.experts.dispatcher == ZP_DISPATCH_ALLGATHER
+                   ? "the all-gather dispatcher's gathers and reduce-scatters"
+                   : "all-to-all",
+               b->alltoall_s, b->compute_s, b->tp_s, b->dp_s);
         const int P = zp_plan_pp(&b->plan);
         if (P > 1)
             printf("PP %d: 1F1B, the %" G_GINT64_FORMAT " blocks split uniformly (the busiest "
