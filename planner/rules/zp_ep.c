@@ -223,6 +223,35 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
     return a;
 }
 
+static ZpEpGatherColl gather_coll(ZpCollKind kind, double rows, double width,
+                                  double elem_bytes)
+{
+    return (ZpEpGatherColl){kind, rows * width, rows * width * elem_bytes};
+}
+
+ZpEpGatherPass zp_ep_gather_pass(const ZpModel *model, const ZpPlan *plan, gboolean backward)
+{
+    ZpEpGatherPass p = {0};
+    if (plan->experts.dispatcher != ZP_DISPATCH_ALLGATHER ||
+        zp_plan_etp(plan) * zp_plan_ep(plan) == 1)
+        return p;
+    ZpEpActivations a = {0};
+    route(model, plan, &a);
+    const double G = a.gathered_tokens, e = zp_plan_elem_bytes(plan->precision);
+    const double h = (double)model->hidden, E = (double)model->moe.experts;
+    if (!backward) {
+        p.before[p.n_before++] = gather_coll(ZP_COLL_ALLGATHER, G, E, 1.0);
+        p.before[p.n_before++] = gather_coll(ZP_COLL_ALLGATHER, G, E, e);
+        p.before[p.n_before++] = gather_coll(ZP_COLL_ALLGATHER, G, h, e);
+        p.after[p.n_after++] = gather_coll(ZP_COLL_REDUCE_SCATTER, G, h, e);
+    } else {
+        p.before[p.n_before++] = gather_coll(ZP_COLL_ALLGATHER, G, h, e);
+        p.after[p.n_after++] = gather_coll(ZP_COLL_REDUCE_SCATTER, G, h, e);
+        p.after[p.n_after++] = gather_coll(ZP_COLL_REDUCE_SCATTER, G, E, e);
+    }
+    return p;
+}
+
 double zp_ep_alltoall_time_s(const ZpHw *hw, double send_bytes, int ranks, int on_node,
                              int node_ranks)
 {

@@ -5,6 +5,7 @@
 #define ZP_EP_H
 
 #include "zp_hw.h"
+#include "zp_sched_graph.h"
 #include "zp_mem_terms.h"
 #include "zp_model.h"
 #include "zp_plan.h"
@@ -89,6 +90,28 @@ int zp_ep_tp_gather(const ZpPlan *plan);
  * reduce-scatters them itself, or whole experts (ETP 1) return them whole, and the block keeps
  * the attention's sum alone. TRUE at TP 1. */
 gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan);
+
+/* One collective of the all-gather dispatcher over its ETP x EP group (ZP_GROUP_TPEP): its
+ * kind and its whole G-row buffer (an all-gather's output, a reduce-scatter's input). */
+typedef struct {
+    ZpCollKind kind;
+    double elems, bytes;
+} ZpEpGatherColl;
+
+/* A sparse layer's all-gather dispatcher collectives in one direction, in order, around the
+ * experts (token_dispatcher.py MoEAllGatherTokenDispatcher): forward the routing map (a byte
+ * an element), the probabilities (the logits' dtype, the model's) and the tokens gathered
+ * before, the unpermuted tokens' sum reduce-scattered after; backward (the transposes) the
+ * outputs' gradients gathered before, the tokens' and the probabilities' gradients
+ * reduce-scattered after (the routing map has none). None over one rank (ETP x EP 1: the
+ * dispatcher communicates only where the expert tensor group or EP is above 1). The
+ * schedule's ops (zp_build_moe.c), its checker and the search's closed form all read it. */
+typedef struct {
+    ZpEpGatherColl before[3], after[2];
+    int n_before, n_after;
+} ZpEpGatherPass;
+
+ZpEpGatherPass zp_ep_gather_pass(const ZpModel *model, const ZpPlan *plan, gboolean backward);
 
 /* A plan's sparse-layer tokens, buffers and activations per rank (16-bit activations in the
  * plan's precision; T = b s, over t with sequence parallelism). */

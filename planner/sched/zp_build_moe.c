@@ -314,21 +314,20 @@ static uint32_t tp_gather(Builder *b, ZpCollKind kind, int unit, int micro, uint
                                     elems * s->elem_bytes, &after, 1);
 }
 
-/* One collective of the all-gather dispatcher over the TP x EP group (ZP_GROUP_TPEP): the G
- * gathered rows of `width` elements of `elem_bytes` (an all-gather's output, a
- * reduce-scatter's input), on the compute stream, as Megatron runs
+/* The all-gather dispatcher's collectives `c` (zp_ep_gather_pass) over ZP_GROUP_TPEP, each
+ * after the one before, the first after `deps`; on the compute stream, as Megatron runs
  * gather_from_sequence_parallel_region and reduce_scatter_to_sequence_parallel_region on the
- * current stream. None over one rank (token_dispatch communicates only where the expert
- * tensor group's size or EP is above 1). */
-static uint32_t tpep(Builder *b, ZpCollKind kind, int unit, int micro, double width,
-                     double elem_bytes, const uint32_t *deps, guint n_deps)
+ * current stream. Returns the last, or deps[0] where there are none (one rank). */
+static uint32_t tpep_chain(Builder *b, const ZpEpGatherColl *c, int n, int unit, int micro,
+                           const uint32_t *deps, guint n_deps)
 {
-    const ZpSchedule *s = b->s;
-    if (zp_plan_etp(&s->plan) * zp_plan_ep(&s->plan) == 1)
-        return deps[0];
-    const double elems = b->moe.gathered_tokens * width;
-    return zp_build_emit_collective(b, kind, ZP_GROUP_TPEP, unit, micro, -1, 0, (uint64_t)elems,
-                                    elems * elem_bytes, deps, n_deps);
+    uint32_t last = deps[0];
+    for (int k = 0; k < n; k++) {
+        last = zp_build_emit_collective(b, c[k].kind, ZP_GROUP_TPEP, unit, micro, -1, 0,
+                                        (uint64_t)c[k].elems, c[k].bytes, k ? &last : deps,
+                                        k ? 1 : n_deps);
+    }
+    return last;
 }
 
 /* A dispatcher's two halves in the schedule (ZpDispatcher), forward and backward: `in` moves
@@ -369,42 +368,34 @@ static uint32_t a2a_out(Builder *b, int unit, int micro, gboolean backward, uint
                                  deps, 2);
 }
 
-/* The all-gather's (token_dispatcher.py MoEAllGatherTokenDispatcher): forward token_dispatch
- * gathers the routing map (bool), the probabilities (the logits' dtype, the model's) and the
- * tokens over TP x EP, permute (in the block op's cost) picks the experts' rows; after them
- * combine_preprocess unpermutes into G rows and token_combine reduce-scatters them. Backward
- * the reduce-scatter's transpose gathers the outputs' gradients and unpermute's backward picks
- * the experts' rows; after the experts the tokens' and the probabilities' gradients are
- * reduce-scattered (the gathers' transposes; the routing map has none). */
+/* The all-gather's (token_dispatcher.py MoEAllGatherTokenDispatcher, zp_ep_gather_pass):
+ * forward token_dispatch's gathers, permute (in the block op's cost) picking the experts'
+ * rows; after them combine_preprocess unpermutes into G rows and token_combine
+ * reduce-scatters them. Backward the outputs' gradients gathered and unpermute's backward
+ * picking the experts' rows; after the experts the gradients reduce-scattered. */
 static uint32_t gather_in(Builder *b, int unit, int micro, gboolean backward, uint32_t after,
                           uint32_t alloc)
 {
-    const double e = b->s->elem_bytes, h = (double)b->s->model.hidden;
-    const double E = (double)b->s->model.moe.experts;
-    const uint32_t deps[2] = {after, alloc};
+    const ZpEpGatherPass p = zp_ep_gather_pass(&b->s->model, &b->s->plan, backward);
     if (backward) { /* after is the buffer's alloc itself */
-        const uint32_t grads = tpep(b, ZP_COLL_ALLGATHER, unit, micro, h, e, &alloc, 1);
+        const uint32_t grads = tpep_chain(b, p.before, p.n_before, unit, micro, &alloc, 1);
         return zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
                                      unpermute_cost(b, TRUE), &grads, 1);
     }
-    const uint32_t map = tpep(b, ZP_COLL_ALLGATHER, unit, micro, E, 1.0, deps, 2);
-    const uint32_t probs = tpep(b, ZP_COLL_ALLGATHER, unit, micro, E, e, &map, 1);
-    return tpep(b, ZP_COLL_ALLGATHER, unit, micro, h, e, &probs, 1);
+    const uint32_t deps[2] = {after, alloc};
+    return tpep_chain(b, p.before, p.n_before, unit, micro, deps, 2);
 }
 
 static uint32_t gather_out(Builder *b, int unit, int micro, gboolean backward, uint32_t expert,
                            uint32_t alloc)
 {
-    const double e = b->s->elem_bytes, h = (double)b->s->model.hidden;
+    const ZpEpGatherPass p = zp_ep_gather_pass(&b->s->model, &b->s->plan, backward);
     const uint32_t deps[2] = {expert, alloc};
-    if (backward) {
-        const uint32_t tokens = tpep(b, ZP_COLL_REDUCE_SCATTER, unit, micro, h, e, deps, 2);
-        return tpep(b, ZP_COLL_REDUCE_SCATTER, unit, micro, (double)b->s->model.moe.experts, e,
-                    &tokens, 1);
-    }
+    if (backward)
+        return tpep_chain(b, p.after, p.n_after, unit, micro, deps, 2);
     const uint32_t unperm = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
                                                   unpermute_cost(b, FALSE), deps, 2);
-    return tpep(b, ZP_COLL_REDUCE_SCATTER, unit, micro, h, e, &unperm, 1);
+    return tpep_chain(b, p.after, p.n_after, unit, micro, &unperm, 1);
 }
 
 static const Dispatcher dispatchers[ZP_DISPATCH_N] = {

@@ -374,9 +374,8 @@ static gboolean check_experts(Check *c, const ZpOp *op)
     return need_bytes(c, op->bytes, (double)want * zp_plan_reduce_bytes(&s->plan), "the layout");
 }
 
-/* The all-gather dispatcher's collectives over TP x EP (zp_build_moe.c tpep): a sparse
- * block's gathers and reduce-scatters of its G gathered rows, h wide in the model's dtype (the
- * tokens) or E wide (the probabilities in it, the routing map a byte an element), no buffer. */
+/* The all-gather dispatcher's collectives over TP x EP (zp_build_moe.c tpep_chain): a sparse
+ * block's gathers and reduce-scatters, each one of zp_ep_gather_pass's, no buffer. */
 static gboolean check_tpep(Check *c, const ZpOp *op)
 {
     const ZpSchedule *s = c->s;
@@ -390,10 +389,16 @@ static gboolean check_tpep(Check *c, const ZpOp *op)
                    op->buffer);
     if (!zp_build_moe_sparse(s, op->unit))
         return bad(c, "unit", "= %d is no sparse block", op->unit);
-    const double G = c->moe.gathered_tokens, e = s->elem_bytes;
-    const double E = (double)s->model.moe.experts, h = (double)s->model.hidden;
-    return op->bytes == G * E * e || op->bytes == G * E ||
-           need_bytes(c, op->bytes, G * h * e, "zp_ep_activations gathered_tokens");
+    for (int backward = 0; backward <= 1; backward++) {
+        const ZpEpGatherPass p = zp_ep_gather_pass(&s->model, &s->plan, backward);
+        for (int k = 0; k < p.n_before + p.n_after; k++) {
+            const ZpEpGatherColl *x = k < p.n_before ? &p.before[k] : &p.after[k - p.n_before];
+            if (x->kind == op->sub && x->bytes == op->bytes)
+                return TRUE;
+        }
+    }
+    return bad(c, "bytes", "= %.17g: no %s of the allgather dispatcher's (zp_ep_gather_pass)",
+               op->bytes, zp_sched_coll_name(op->sub));
 }
 
 static gboolean check_collective(Check *c, const ZpOp *op)

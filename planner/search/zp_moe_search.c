@@ -121,32 +121,35 @@ static double ring_s(const ZpSearchSpec *spec, ZpCollKind kind, double bytes, in
                         : (n - 1.0) / n * bytes / bus_bytes_per_s(spec, n, stride, ZP_GROUP_DP);
 }
 
+/* The collectives of a pass's list (zp_ep_gather_pass) over n ranks `stride` apart. */
+static double pass_s(const ZpSearchSpec *spec, const ZpEpGatherColl *c, int k, int n,
+                     int stride)
+{
+    double t = 0;
+    for (int i = 0; i < k; i++)
+        t += ring_s(spec, c[i].kind, c[i].bytes, n, stride);
+    return t;
+}
+
 /* The dispatcher's collectives per step of the whole model: the all-to-alls (zp_ep_alltoall),
- * or Megatron's allgather dispatcher's over TP x EP (zp_build_moe.c gather_in, gather_out,
- * placed as zp_sched_groups lays the group out: t consecutive ranks of EP dp ranks, one
- * strided run): a sparse layer's forward gathers the routing map, the probabilities and the
- * tokens of its G rows (G E, G E e and G h e bytes) and reduce-scatters the G h e sum;
- * backward one gather of G h e and reduce-scatters of G h e and G E e; a recomputed forward
- * (full checkpointing) its own again. */
+ * or Megatron's allgather dispatcher's a sparse layer (zp_ep_gather_pass, the schedule's own
+ * list), forward and backward and a recomputed forward's (full checkpointing) again, over the
+ * group placed as zp_sched_groups lays it out (the expert tensor ranks of EP consecutive
+ * ranks, one strided run; the EP group at TP 1). */
 static double dispatch_s(const ZpSearchSpec *spec, const ZpPlan *p)
 {
     const ZpModel *m = spec->model;
     if (p->experts.dispatcher != ZP_DISPATCH_ALLGATHER)
         return zp_ep_alltoall(m, p, spec->hw).step_time_s * zp_plan_pp(p);
     const int n = zp_plan_etp(p) * zp_plan_ep(p);
-    if (n == 1)
-        return 0;
-    const ZpEpActivations a = zp_ep_activations(m, p);
-    const double G = a.gathered_tokens, e = zp_plan_elem_bytes(p->precision);
-    const double tokens = G * (double)m->hidden * e, probs = G * (double)m->moe.experts * e;
     const int stride = p->mp == 1 ? (int)zp_plan_placed_dp_stride(p) : 1;
-    const double gather = ring_s(spec, ZP_COLL_ALLGATHER, tokens, n, stride);
-    const double scatter = ring_s(spec, ZP_COLL_REDUCE_SCATTER, tokens, n, stride);
-    const double forward = ring_s(spec, ZP_COLL_ALLGATHER, probs / e, n, stride) +
-                           ring_s(spec, ZP_COLL_ALLGATHER, probs, n, stride) + gather + scatter;
-    const double backward = gather + scatter + ring_s(spec, ZP_COLL_REDUCE_SCATTER, probs, n,
-                                                      stride);
-    const double layer = (p->checkpoint ? 2.0 : 1.0) * forward + backward;
+    double pass[2];
+    for (int backward = 0; backward <= 1; backward++) {
+        const ZpEpGatherPass g = zp_ep_gather_pass(m, p, backward);
+        pass[backward] = pass_s(spec, g.before, g.n_before, n, stride) +
+                         pass_s(spec, g.after, g.n_after, n, stride);
+    }
+    const double layer = (p->checkpoint ? 2.0 : 1.0) * pass[0] + pass[1];
     return layer * (double)zp_moe_sparse_layers(&m->moe, m->layers) *
            (double)MAX(p->grad_accum, 1);
 }
