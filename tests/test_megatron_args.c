@@ -25,6 +25,21 @@ static char *write_args(const char *text)
     return path;
 }
 
+/* `flag` (with its value, `given`) beside the file at `path` is refused with exit status 1,
+ * naming it: the file's own flag says it. */
+static void refused_beside_file(const char *common, const char *path, const char *flag,
+                                const char *given)
+{
+    char *args = g_strdup_printf("%s --megatron-args %s %s %s", common, path, flag, given);
+    TuRun r = tu_zplan(args);
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    char *says = g_strdup_printf("%s: the plan comes from --megatron-args", flag);
+    g_assert_nonnull(strstr(r.err, says));
+    g_free(says);
+    tu_free(&r);
+    g_free(args);
+}
+
 /* `common` with the file at `path` (then `extra`) simulates the step `common` with `flags`
  * (then `extra`) does, to the bit; the file's run as JSON, for the caller to read and free. */
 static json_t *same_step(const char *common, const char *path, const char *flags,
@@ -353,12 +368,8 @@ static void test_moe(void)
         json_decref(j);
         g_free(args);
     }
-    args = g_strdup_printf("%s --megatron-args %s --ep 2", common, path);
-    TuRun r = tu_zplan(args);
-    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
-    g_assert_nonnull(strstr(r.err, "--ep: the plan comes from --megatron-args"));
-    tu_free(&r);
-    g_free(args), g_free(words);
+    refused_beside_file(common, path, "--ep", "2");
+    g_free(words);
     g_unlink(path);
     g_free(path);
     /* Megatron's default dispatcher from the file is --moe-dispatcher allgather's step; its
@@ -378,12 +389,8 @@ static void test_moe(void)
     g_assert_cmpstr(json_string_value(json_object_get(from_file, "moe_dispatcher")), ==,
                     "allgather");
     json_decref(from_file);
-    args = g_strdup_printf("%s --megatron-args %s --moe-dispatcher alltoall", common, path);
-    r = tu_zplan(args);
-    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
-    g_assert_nonnull(strstr(r.err, "--moe-dispatcher: the plan comes from --megatron-args"));
-    tu_free(&r);
-    g_free(args), g_free(words);
+    refused_beside_file(common, path, "--moe-dispatcher", "alltoall");
+    g_free(words);
     g_unlink(path);
     g_free(path);
     /* whole experts from the file, --expert-tensor-parallel-size 1 over TP 2 x DP 8 at EP 8,
@@ -401,6 +408,7 @@ static void test_moe(void)
                         json_object_get(json_object_get(from_file, "plan"), "experts"), "etp")),
                     ==, 1);
     json_decref(from_file);
+    refused_beside_file(common, path, "--expert-tp", "1");
     g_free(words);
     g_unlink(path);
     g_free(path);

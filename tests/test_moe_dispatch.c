@@ -1,0 +1,419 @@
+/* test_moe_dispatch: Megatron-Core's ways for a mixture of experts' tokens under tensor
+ * parallelism, by hand — the all-to-all under sequence parallelism (the expert tensor group's
+ * gather), the all-gather dispatcher over TP x EP, and whole experts (ETP 1). */
+#include "sim_engine.h"
+#include "testutil.h"
+#include "zp_ep.h"
+#include "zp_impl.h"
+#include "zp_sched.h"
+#include "zp_schedcheck.h"
+
+#include <glib/gstdio.h>
+#include <jansson.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The schedule's forward expert ops, each checked to cost `flops`. */
+static guint expert_fwd_ops(const ZpSchedule *s, double flops)
+{
+    guint n = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_EXPERT_FWD) {
+            n++;
+            g_assert_cmpfloat(op->flops, ==, flops);
+        }
+    }
+    return n;
+}
+
+/* Megatron-Core's experts under sequence parallelism (the only way it trains a mixture of
+ * experts with TP > 1: moe_layer.py MoELayer.forward), on the 2-layer MoE at mp 2, dp 4, EP 2,
+ * micro-batch 2 (b s = 32 tokens), by hand:
+ * - each tensor rank routes its own 16 tokens: 32 copies dispatched, 32 received, an
+ *   all-to-all of 32 x 64 bf16 = 4,096 bytes (8,192 without, each rank routing all 32);
+ * - the expert tensor group all-gathers the two ranks' 32 before the experts and
+ *   reduce-scatters their outputs after: 64 x 64 = 4,096 elements, 8,192 bytes, forward and
+ *   backward (token_dispatcher.py dispatch_postprocess, combine_preprocess);
+ * - so the experts compute 64 tokens either way: 2 x 64 x (64 x 2 x 16 + 16 x 64) = 393,216
+ *   FLOPs forward, the same with and without sequence parallelism;
+ * - a sparse block without shared experts keeps the attention's sum alone (a reduce-scatter
+ *   and an all-gather of b s h = 2,048 elements), where without sequence parallelism it has
+ *   the attention's and the MLP's all-reduces;
+ * - each of the 4 dispatches waits for the sums before it (it overlapped them, sharing NVLink:
+ *   the all-gather dispatcher's simulated collectives were 10% over their closed form at EP 4
+ *   x TP 2 with whole experts, equal since). */
+static void test_sequence_parallel_experts(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    for (int sp = 0; sp <= 1; sp++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 1, 4, 2);
+        p.impl = ZP_IMPL_MEGATRON, p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+        p.experts.ep = 2, p.sequence_parallel = sp;
+        zp_impl_plan_defaults(&p);
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        const guint experts = expert_fwd_ops(s, 393216);
+        guint gathers = 0, scatters = 0, sums = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COLLECTIVE)
+                continue;
+            if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE)
+                g_assert_cmpfloat(op->bytes, ==, sp ? 4096 : 8192);
+            if (op->group != ZP_GROUP_TP || op->unit < 1 || op->unit > 2)
+                continue;
+            if (op->elems == 4096) { /* the expert tensor group's */
+                g_assert_cmpfloat(op->bytes, ==, 8192);
+                gathers += op->sub == ZP_COLL_ALLGATHER;
+                scatters += op->sub == ZP_COLL_REDUCE_SCATTER;
+                continue;
+            }
+            g_assert_cmpuint(op->elems, ==, 2048);
+            if (sp && op->sub == ZP_COLL_ALLGATHER) /* a sum's second half (below) */
+                continue;
+            g_assert_cmpint(op->sub, ==, (sp ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLREDUCE));
+            sums++;
+            if (sp) /* each reduce-scatter's all-gather follows it */
+                g_assert_cmpint(zp_sched_op(s, i + 1)->sub, ==, ZP_COLL_ALLGATHER);
+        }
+        /* Every dispatch waits for the tensor-parallel sums before it (the router reads the
+         * attention's summed output; backward, the next layer's summed input gradient):
+         * through the EP buffer's alloc, whose dependencies hold a TP collective. */
+        guint dispatches = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COLLECTIVE || op->sub != ZP_COLL_EP_DISPATCH)
+                continue;
+            gboolean after_sums = FALSE;
+            const uint32_t *d = zp_sched_deps(s, op);
+            for (uint32_t k = 0; k < op->n_deps; k++) {
+                const ZpOp *alloc = zp_sched_op(s, d[k]);
+                if (alloc->kind != ZP_OP_ALLOC || alloc->sub != ZP_MEM_EP_BUFFERS)
+                    continue;
+                const uint32_t *e = zp_sched_deps(s, alloc);
+                for (uint32_t j = 0; j < alloc->n_deps; j++)
+                    after_sums |= zp_sched_op(s, e[j])->kind == ZP_OP_COLLECTIVE &&
+                                  zp_sched_op(s, e[j])->group == ZP_GROUP_TP;
+            }
+            g_assert_true(after_sums);
+            dispatches++;
+        }
+        g_assert_cmpuint(dispatches, ==, 4);
+        g_test_message("sequence parallel %d: %u expert ops, %u gathers, %u reduce-scatters, "
+                       "%u block sums", sp, experts, gathers, scatters, sums);
+        g_assert_cmpuint(experts, ==, 2);
+        /* forward and backward, two sparse units */
+        g_assert_cmpuint(gathers, ==, sp ? 4 : 0);
+        g_assert_cmpuint(scatters, ==, sp ? 4 : 0);
+        /* two blocks, forward and backward: one sum each with, two without */
+        g_assert_cmpuint(sums, ==, sp ? 4 : 8);
+        zp_sched_free(s);
+    }
+}
+
+/* Megatron-Core's default dispatcher (token_dispatcher.py MoEAllGatherTokenDispatcher) on the
+ * 2-layer MoE (h 64, E 4, top 2, f_e 32) at mp 2, dp 4, EP 2, micro-batch 2 under sequence
+ * parallelism, by hand:
+ * - each rank routes its T = 16 tokens; the TP x EP group of 4 ranks (consecutive, no
+ *   pipeline) gathers G = 64 of them: the routing map, 64 x 4 bytes; the probabilities,
+ *   64 x 4 bf16 = 512 bytes; the tokens, 64 x 64 = 4,096 elements, 8,192 bytes;
+ * - the rank's 2 experts take their half of the 128 copies, split over t: t R = 64 tokens, so
+ *   2 x 64 x (64 x 2 x 16 + 16 x 64) = 393,216 FLOPs forward, the all-to-all's own;
+ * - unpermute zeroes 64 rows and scatter-adds 64 into them, e (G + 3 t R) h = 32,768 bytes,
+ *   and the sum's 4,096 elements are reduce-scattered; backward the reduce-scatter's
+ *   transpose gathers 8,192 bytes, and the tokens' and the probabilities' gradients are
+ *   reduce-scattered (8,192 and 512): per layer 4 gathers and 3 reduce-scatters, no
+ *   all-to-all and no expert tensor group gather;
+ * - the buffers: (G + t R) h e + G E (e + 1) = 17,152 bytes dispatched, (t R + G) h e =
+ *   16,384 combined; the block keeps the attention's sum alone;
+ * - a rank sends 3/4 of (256 + 512 + 8,192 + 8,192 + 8,192 + 8,192 + 512) x 2 layers =
+ *   51,072 bytes over TP x EP, in the simulation too, and the file reads back. */
+static void test_allgather_dispatcher(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 4, 2);
+    p.impl = ZP_IMPL_MEGATRON, p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+    p.experts.ep = 2, p.sequence_parallel = TRUE;
+    p.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+    zp_impl_plan_defaults(&p);
+    const ZpEpActivations a = zp_ep_activations(&m, &p);
+    g_assert_cmpfloat(a.gathered_tokens, ==, 64);
+    g_assert_cmpfloat(a.expert_tokens, ==, 64);
+    g_assert_cmpfloat(a.dispatch_bytes, ==, 17152);
+    g_assert_cmpfloat(a.combine_bytes, ==, 16384);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    zp_sched_groups(s, groups);
+    g_assert_cmpint(groups[ZP_GROUP_TPEP].ranks, ==, 4);
+    g_assert_cmpint(groups[ZP_GROUP_TPEP].stride, ==, 1);
+    const guint experts = expert_fwd_ops(s, 393216);
+    guint gathers = 0, scatters = 0, sums = 0, unpermutes = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COMPUTE && op->sub == ZP_COMP_UNPERMUTE_FWD) {
+            unpermutes++;
+            g_assert_cmpfloat(op->mem_bytes, ==, 32768);
+        }
+        if (op->kind == ZP_OP_ALLOC && op->sub == ZP_MEM_EP_BUFFERS)
+            g_assert_true(op->bytes == 17152 || op->bytes == 16384);
+        if (op->kind != ZP_OP_COLLECTIVE)
+            continue;
+        g_assert_true(op->sub != ZP_COLL_EP_DISPATCH && op->sub != ZP_COLL_EP_COMBINE);
+        if (op->group == ZP_GROUP_TPEP) {
+            g_assert_cmpint(op->stream, ==, ZP_STREAM_COMPUTE);
+            g_assert_true(op->bytes == 256 || op->bytes == 512 || op->bytes == 8192);
+            gathers += op->sub == ZP_COLL_ALLGATHER;
+            scatters += op->sub == ZP_COLL_REDUCE_SCATTER;
+        } else if (op->group == ZP_GROUP_TP && op->unit >= 1 && op->unit <= 2) {
+            g_assert_cmpuint(op->elems, ==, 2048); /* the attention's sum, no expert gather */
+            sums += op->sub == ZP_COLL_REDUCE_SCATTER;
+        }
+    }
+    g_assert_cmpuint(experts, ==, 2);
+    g_assert_cmpuint(unpermutes, ==, 2);
+    g_assert_cmpuint(gathers, ==, 8);
+    g_assert_cmpuint(scatters, ==, 6);
+    g_assert_cmpuint(sums, ==, 4);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TPEP), ==, 51072);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_EP), ==, 0);
+    /* the checker names an all-reduce over tpep, and a tpep op in a plan of the all-to-all */
+    for (guint i = 0; i < s->ops->len; i++) {
+        ZpOp *op = &g_array_index(s->ops, ZpOp, i);
+        if (op->group == ZP_GROUP_TPEP && op->kind == ZP_OP_COLLECTIVE) {
+            op->sub = ZP_COLL_ALLREDUCE;
+            g_assert_false(zp_schedcheck_ops(s, "sum", &error));
+            g_assert_nonnull(strstr(error->message, "allreduce: the allgather dispatcher gathers "
+                                                    "and reduce-scatters"));
+            g_clear_error(&error);
+            op->sub = ZP_COLL_ALLGATHER;
+            break;
+        }
+    }
+    ZpPlan a2a = p;
+    a2a.experts.dispatcher = ZP_DISPATCH_ALLTOALL;
+    ZpSchedule *x = zp_sched_build(&m, &a2a, &error);
+    g_assert_no_error(error);
+    for (guint i = 0; i < x->ops->len; i++) {
+        ZpOp *op = &g_array_index(x->ops, ZpOp, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->sub == ZP_COLL_EP_DISPATCH) {
+            op->sub = ZP_COLL_ALLGATHER, op->group = ZP_GROUP_TPEP;
+            break;
+        }
+    }
+    g_assert_false(zp_schedcheck_ops(x, "a2a", &error));
+    g_assert_nonnull(strstr(error->message, "tpep: only the allgather dispatcher's"));
+    g_clear_error(&error);
+    zp_sched_free(x);
+    ZpHw hw = tu_load_hw("dgx-h100");
+    const SimOptions options = {.mode = SIM_MODE_FOLDED};
+    SimResult *r = sim_engine_run(s, &hw, &options, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(r->comm_bytes[ZP_GROUP_TPEP], ==, 51072);
+    g_assert_cmpfloat(r->alltoall_s, >, 0);
+    sim_result_free(r);
+    char *path = NULL;
+    const int fd = g_file_open_tmp("zp-moe-XXXXXX.json", &path, NULL);
+    close(fd);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    for (int graph = 0; graph < 2; graph++) {
+        ZpSchedule *t = graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
+        g_assert_no_error(error);
+        g_assert_cmpuint(t->ops->len, ==, s->ops->len);
+        tu_assert_same_groups(s, t);
+        g_assert_cmpfloat(zp_sched_comm_bytes(t, ZP_GROUP_TPEP), ==, 51072);
+        zp_sched_free(t);
+    }
+    g_unlink(path);
+    g_free(path);
+    zp_sched_free(s);
+    /* EP 1 at TP 2 (the tensor group), TP 1 at EP 4 over a pipeline (the EP group), and over
+     * TP 2 x EP 2 with a pipeline refused, naming the field */
+    const struct {
+        int mp, dp, pp, ep, ranks, stride;
+    } shapes[] = {{2, 4, 1, 1, 2, 1}, {1, 4, 2, 4, 4, 2}, {2, 2, 2, 2, 0, 0}};
+    for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
+        ZpPlan q;
+        zp_plan_defaults(&q, 1, shapes[k].dp, shapes[k].mp);
+        q.impl = ZP_IMPL_MEGATRON, q.precision = ZP_PREC_BF16, q.micro_batch = 2;
+        q.sequence_parallel = shapes[k].mp > 1, q.grad_accum = 4;
+        q.pipe.stages = shapes[k].pp;
+        q.experts.ep = shapes[k].ep, q.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+        zp_impl_plan_defaults(&q);
+        s = zp_sched_build(&m, &q, &error);
+        if (shapes[k].ranks == 0) {
+            g_assert_null(s);
+            g_assert_nonnull(strstr(error->message, "experts.dispatcher: allgather over TP 2 x "
+                                                    "EP 2 with a pipeline of 2 stages"));
+            g_clear_error(&error);
+            continue;
+        }
+        g_assert_no_error(error);
+        zp_sched_groups(s, groups);
+        g_assert_cmpint(groups[ZP_GROUP_TPEP].ranks, ==, shapes[k].ranks);
+        g_assert_cmpint(groups[ZP_GROUP_TPEP].stride, ==, shapes[k].stride);
+        g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TPEP), >, 0);
+        zp_sched_free(s);
+    }
+    p.impl = ZP_IMPL_DEEPSPEED;
+    g_assert_null(zp_sched_build(&m, &p, &error));
+    g_assert_nonnull(strstr(error->message, "allgather is Megatron-Core's dispatcher"));
+    g_clear_error(&error);
+}
+
+/* Whole experts on each tensor rank (Megatron-Core's --expert-tensor-parallel-size 1) on the
+ * 2-layer MoE (h 64, E 4, top 2, f_e 32) at mp 2, dp 2 under sequence parallelism, micro-batch
+ * 2, by hand:
+ * - the expert grid is EP x (mp dp / EP) over the stage's 4 ranks: at EP 4 the EP group is all
+ *   4 consecutive ranks (across the tensor ranks), the expert-data-parallel group one rank;
+ *   at EP 2, 2 consecutive ranks and 2 ranks 2 apart;
+ * - each rank routes its T = 16 tokens, dispatches R = 32 copies (4,096 bytes) and its experts,
+ *   whole (3 x 64 x 32 = 6,144 elements each, not halved), compute those 32 tokens: 2 x 32 x
+ *   (64 x 64 + 32 x 64) = 393,216 FLOPs, with no gather over the tensor group and the block
+ *   keeping the attention's sum alone;
+ * - E / EP experts a rank: 6,144 elements a sparse unit at EP 4, 12,288 at EP 2; their model
+ *   states move from the split experts' (EP 2) as the closed form's do (zp_ep_model_states over
+ *   zp_plan_edp ranks; Megatron's dense bucket padding, which it leaves out, cancels);
+ * - the plan's JSON carries "etp": 1 and reads back; over a pipeline EP must be the tensor
+ *   group (EP 2 with 2 stages is laid out, EP 4 refused naming the field); outside Megatron,
+ *   and at an ETP other than 1 and mp, refused. */
+static void test_whole_experts(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    for (int ep = 2; ep <= 4; ep *= 2) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 1, 2, 2);
+        p.impl = ZP_IMPL_MEGATRON, p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+        p.sequence_parallel = TRUE;
+        p.experts.ep = ep, p.experts.etp = 1;
+        zp_impl_plan_defaults(&p);
+        g_assert_cmpint(zp_plan_edp(&p), ==, 4 / ep);
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+        zp_sched_groups(s, groups);
+        g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, ep);
+        g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 1);
+        g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 4 / ep);
+        g_assert_cmpint(groups[ZP_GROUP_EDP].stride, ==, ep);
+        const guint experts = expert_fwd_ops(s, 393216);
+        guint a2a = 0, sums = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COLLECTIVE)
+                continue;
+            if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE) {
+                a2a++;
+                g_assert_cmpfloat(op->bytes, ==, 4096);
+            } else if (op->group == ZP_GROUP_TP && op->unit >= 1 && op->unit <= 2) {
+                g_assert_cmpuint(op->elems, ==, 2048); /* no expert gather over TP */
+                sums += op->sub == ZP_COLL_REDUCE_SCATTER;
+            }
+        }
+        g_assert_cmpuint(experts, ==, 2);
+        g_assert_cmpuint(a2a, ==, 8);
+        g_assert_cmpuint(sums, ==, 4);
+        const ZpSchedExperts x = zp_sched_experts(s);
+        g_assert_cmpuint(x.total_elems, ==, 2 * (4 / ep) * 6144);
+        const ZpStateBytes sb = zp_impl_state_bytes(&s->plan);
+        const ZpEpStates want = zp_ep_model_states(&m, &s->plan, 1, sb);
+        g_assert_cmpfloat(want.expert_params, ==, 2 * (4 / ep) * 6144);
+        /* Megatron pads its dense buckets, which the closed form does not: against the same
+         * plan with experts split over TP at EP 2 (the dense part the same), the schedule's
+         * states move by what the closed form's do */
+        ZpPlan split = p;
+        split.experts.etp = 0, split.experts.ep = 2;
+        ZpSchedule *t = zp_sched_build(&m, &split, &error);
+        g_assert_no_error(error);
+        const ZpEpStates base = zp_ep_model_states(&m, &t->plan, 1, sb);
+        g_test_message("EP %d: states %.0f (split at EP 2: %.0f), closed form %.0f (%.0f)", ep,
+                       zp_sched_model_state_bytes(s), zp_sched_model_state_bytes(t),
+                       want.total.total_bytes, base.total.total_bytes);
+        g_assert_cmpfloat(zp_sched_model_state_bytes(s) - zp_sched_model_state_bytes(t), ==,
+                          want.total.total_bytes - base.total.total_bytes);
+        /* EP 2: each rank's 2 experts whole, twice the split ones' states; EP 4: one whole
+         * expert, what 2 split ones hold */
+        g_assert_cmpint(want.total.total_bytes > base.total.total_bytes, ==, ep == 2);
+        zp_sched_free(t);
+        json_t *plan = zp_plan_to_json(&s->plan);
+        g_assert_cmpint(json_integer_value(json_object_get(json_object_get(plan, "experts"),
+                                                           "etp")), ==, 1);
+        ZpPlan back;
+        zp_plan_defaults(&back, 0, 1, 1);
+        g_assert_true(zp_plan_from_json(plan, "plan", &back, &error));
+        g_assert_no_error(error);
+        g_assert_cmpint(back.experts.etp, ==, 1);
+        json_decref(plan);
+        zp_sched_free(s);
+    }
+    /* EP 1 with whole experts: the all-gather dispatcher's group is one rank, nothing sent */
+    ZpPlan one;
+    zp_plan_defaults(&one, 1, 2, 2);
+    one.impl = ZP_IMPL_MEGATRON, one.precision = ZP_PREC_BF16, one.micro_batch = 2;
+    one.sequence_parallel = TRUE, one.experts.etp = 1;
+    one.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+    zp_impl_plan_defaults(&one);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &one, &error);
+    g_assert_no_error(error);
+    g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TPEP), ==, 0);
+    for (guint i = 0; i < s->ops->len; i++)
+        g_assert_true(zp_sched_op(s, i)->group != ZP_GROUP_TPEP ||
+                      zp_sched_op(s, i)->kind != ZP_OP_COLLECTIVE);
+    zp_sched_free(s);
+    const struct {
+        int pp, ep, etp;
+        ZpImplKind impl;
+        const char *says; /* NULL: built */
+    } shapes[] = {
+        {2, 2, 1, ZP_IMPL_MEGATRON, NULL},
+        {2, 4, 1, ZP_IMPL_MEGATRON, "experts.etp: 1 with a pipeline of 2 stages needs EP = TP"},
+        {1, 4, 1, ZP_IMPL_DEEPSPEED, "experts.etp: 1 is Megatron-Core's"},
+        {1, 2, 3, ZP_IMPL_MEGATRON, "experts.etp: 3: experts split over the TP degree (2)"},
+    };
+    for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
+        ZpPlan q;
+        zp_plan_defaults(&q, 1, shapes[k].pp == 1 ? 2 : 1, 2);
+        q.impl = shapes[k].impl, q.precision = ZP_PREC_BF16, q.micro_batch = 2;
+        q.sequence_parallel = TRUE, q.grad_accum = 4;
+        q.pipe.stages = shapes[k].pp;
+        q.experts.ep = shapes[k].ep, q.experts.etp = shapes[k].etp;
+        if (shapes[k].pp > 1) /* 8 ranks: mp 2 x pp 2 x dp 2 */
+            q.dp = 2;
+        zp_impl_plan_defaults(&q);
+        s = zp_sched_build(&m, &q, &error);
+        if (shapes[k].says) {
+            g_assert_null(s);
+            g_test_message("%s", error->message);
+            g_assert_nonnull(strstr(error->message, shapes[k].says));
+            g_clear_error(&error);
+            continue;
+        }
+        g_assert_no_error(error);
+        ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+        zp_sched_groups(s, groups);
+        g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, 2); /* the tensor group */
+        g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 1);
+        g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 2); /* the dp ranks */
+        g_assert_cmpint(groups[ZP_GROUP_EDP].stride, ==, 4);
+        zp_sched_free(s);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/moe-dispatch/sequence-parallel-experts", test_sequence_parallel_experts);
+    g_test_add_func("/moe-dispatch/allgather-dispatcher", test_allgather_dispatcher);
+    g_test_add_func("/moe-dispatch/whole-experts", test_whole_experts);
+    return g_test_run();
+}
