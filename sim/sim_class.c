@@ -90,33 +90,25 @@ void sim_interner_clear(SimInterner *t)
 
 /* ---- groups ---- */
 
-uint32_t sim_class_group_index(uint32_t ranks, uint32_t stride, uint32_t rank)
-{
-    return rank / (ranks * stride) * stride + rank % stride;
-}
-
-uint32_t sim_class_group_first(uint32_t ranks, uint32_t stride, uint32_t group)
-{
-    return group / stride * ranks * stride + group % stride;
-}
-
 static int compare_u32(const void *a, const void *b)
 {
     const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     return (x > y) - (x < y);
 }
 
-/* The distinct values of of_rank over a group's members, ascending; stamp ([values]) marks
- * those seen with epoch, which must be new. */
-static uint32_t distinct(const uint32_t *of_rank, uint32_t first, uint32_t stride,
-                         uint32_t ranks, uint32_t *stamp, uint32_t epoch, uint32_t *out)
+/* The distinct values of of_rank over the members of g's group whose first member is first,
+ * ascending; stamp ([values]) marks those seen with epoch, which must be new. */
+static uint32_t distinct(const uint32_t *of_rank, const ZpCommGroup *g, uint32_t first,
+                         uint32_t *stamp, uint32_t epoch, uint32_t *out)
 {
     uint32_t n = 0;
-    for (uint32_t i = 0, r = first; i < ranks; i++, r += stride)
+    for (int64_t i = 0; i < g->ranks; i++) {
+        const uint32_t r = (uint32_t)zp_group_member(g, first, i);
         if (stamp[of_rank[r]] != epoch) {
             stamp[of_rank[r]] = epoch;
             out[n++] = of_rank[r];
         }
+    }
     qsort(out, n, sizeof *out, compare_u32);
     return n;
 }
@@ -124,11 +116,8 @@ static uint32_t distinct(const uint32_t *of_rank, uint32_t first, uint32_t strid
 uint32_t sim_class_group(SimClasses *classes, const ZpCommGroup *g, uint32_t rank,
                          uint32_t *members)
 {
-    const uint32_t ranks = (uint32_t)g->ranks, stride = (uint32_t)g->stride;
-    const uint32_t first =
-        sim_class_group_first(ranks, stride, sim_class_group_index(ranks, stride, rank));
-    return distinct(classes->of_rank, first, stride, ranks, classes->stamp, ++classes->epoch,
-                    members);
+    const uint32_t first = (uint32_t)zp_group_first(g, zp_group_index(g, rank));
+    return distinct(classes->of_rank, g, first, classes->stamp, ++classes->epoch, members);
 }
 
 /* ---- refinement ---- */
@@ -153,12 +142,11 @@ static uint32_t renumber(SimClasses *out, const uint32_t *colour, uint32_t n_col
 static void group_sets(const SimClasses *c, const ZpCommGroup *g, uint32_t *set_of,
                        uint32_t *stamp, uint32_t *epoch, uint32_t *scratch)
 {
-    const uint32_t ranks = (uint32_t)g->ranks, stride = (uint32_t)g->stride;
     SimInterner sets;
     sim_interner_init(&sets);
-    for (uint32_t k = 0; k < c->world / ranks; k++) {
-        const uint32_t n = distinct(c->of_rank, sim_class_group_first(ranks, stride, k), stride,
-                                    ranks, stamp, ++*epoch, scratch);
+    for (uint32_t k = 0; k < c->world / (uint32_t)g->ranks; k++) {
+        const uint32_t n = distinct(c->of_rank, g, (uint32_t)zp_group_first(g, k), stamp,
+                                    ++*epoch, scratch);
         set_of[k] = sim_interner_id(&sets, scratch, n);
     }
     sim_interner_clear(&sets);
@@ -193,8 +181,7 @@ void sim_class_refine(SimClasses *out, uint32_t world, const uint32_t *colour,
         for (uint32_t r = 0; r < world; r++) {
             key[0] = out->of_rank[r];
             for (uint32_t a = 0; a < n_active; a++)
-                key[1 + a] = set_of[a][sim_class_group_index((uint32_t)active[a]->ranks,
-                                                             (uint32_t)active[a]->stride, r)];
+                key[1 + a] = set_of[a][zp_group_index(active[a], r)];
             next[r] = sim_interner_id(&tuples, key, 1 + n_active);
         }
         const uint32_t n_next = sim_interner_count(&tuples);
@@ -226,12 +213,9 @@ static gboolean rows_agree(const uint32_t *colour, const ZpCommGroup *groups, ui
     for (uint32_t r = d * row; r < (d + 1) * row; r++) {
         if (colour[r] != colour[r - row])
             return FALSE;
-        for (uint32_t g = 0; g < n_groups; g++) {
-            const uint32_t ranks = (uint32_t)groups[g].ranks, stride = (uint32_t)groups[g].stride;
-            if (sim_class_group_index(ranks, stride, r) !=
-                sim_class_group_index(ranks, stride, r - row))
+        for (uint32_t g = 0; g < n_groups; g++)
+            if (zp_group_index(&groups[g], r) != zp_group_index(&groups[g], r - row))
                 return FALSE;
-        }
     }
     return TRUE;
 }

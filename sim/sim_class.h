@@ -40,11 +40,6 @@ void sim_class_blocks(SimClasses *out, uint32_t world, uint32_t row, const uint3
 uint32_t sim_class_group(SimClasses *classes, const ZpCommGroup *g, uint32_t rank,
                          uint32_t *members);
 
-/* Rank's group of a communicator of `ranks` ranks `stride` apart (groups numbered by their
- * first member), and that group's first member. */
-uint32_t sim_class_group_index(uint32_t ranks, uint32_t stride, uint32_t rank);
-uint32_t sim_class_group_first(uint32_t ranks, uint32_t stride, uint32_t group);
-
 void sim_class_clear(SimClasses *classes);
 
 /* Interns variable-length keys of 32-bit words: equal keys get equal ids, 0, 1, ... in the

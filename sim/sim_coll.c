@@ -12,6 +12,8 @@
 #include "zp_util.h"
 
 #include <float.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define US 1e-6
 
@@ -88,6 +90,68 @@ SimCollPlacement sim_coll_placement(int world, int ranks, int stride, int gpus_p
     return p;
 }
 
+/* The residues modulo n of {x + step * j : x marked in mark, 0 <= j < count} into mark
+ * (count taken modulo n's cycle: at most n shifts). */
+static void add_steps(uint8_t *mark, uint8_t *scratch, int64_t n, int64_t step, int64_t count)
+{
+    memcpy(scratch, mark, (size_t)n);
+    for (int64_t j = 1; j < MIN(count, n); j++)
+        for (int64_t x = 0; x < n; x++)
+            if (scratch[x])
+                mark[(x + step % n * j) % n] = 1;
+}
+
+static int compare_i64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Runs: the nodes a group spans depend only on its first member modulo a node (its members
+ * are first plus fixed offsets, ascending), and first members are a + run * stride * b +
+ * span * c (a < stride, b < the gaps in a span; zp_group_first), whose residues modulo a node
+ * are sums of the three digits' residues: O(g^2) to list, O(g x ranks) to count. The groups on
+ * one node: the distinct groups among its ranks, the most over the nodes until the node's
+ * start repeats modulo the span. */
+SimCollPlacement sim_coll_placement_of(int world, const ZpCommGroup *g, int gpus_per_node)
+{
+    if (zp_group_run(g) == g->ranks)
+        return sim_coll_placement(world, g->ranks, g->stride, gpus_per_node);
+    const int64_t gpn = MAX(gpus_per_node, 1), span = zp_group_span(g);
+    const int64_t run_span = zp_group_run(g) * g->stride;
+    SimCollPlacement p = {.ranks = g->ranks, .nodes = 1, .groups_per_node = 1};
+    uint8_t *mark = g_new0(uint8_t, gpn), *scratch = g_new(uint8_t, gpn);
+    mark[0] = 1;
+    add_steps(mark, scratch, gpn, 1, g->stride);
+    add_steps(mark, scratch, gpn, run_span, zp_group_run_stride(g) / run_span);
+    add_steps(mark, scratch, gpn, span, world / span);
+    for (int64_t first = 0; first < gpn; first++) {
+        if (!mark[first])
+            continue;
+        int nodes = 1;
+        for (int64_t i = 1; i < g->ranks; i++)
+            nodes += zp_group_member(g, first, i) / gpn != zp_group_member(g, first, i - 1) / gpn;
+        p.nodes = MAX(p.nodes, nodes);
+    }
+    /* nodes until a node's start repeats modulo the span; a world smaller than a node is one */
+    const int64_t period = span / (int64_t)zp_gcd_u64((uint64_t)span, (uint64_t)gpn);
+    const int64_t on_node = MIN(gpn, (int64_t)world);
+    int64_t *index = g_new(int64_t, on_node);
+    for (int64_t node = 0; node < MAX(1, MIN(period, world / gpn)); node++) {
+        for (int64_t j = 0; j < on_node; j++)
+            index[j] = zp_group_index(g, node * gpn + j);
+        qsort(index, (size_t)on_node, sizeof *index, compare_i64);
+        int distinct = 1;
+        for (int64_t j = 1; j < on_node; j++)
+            distinct += index[j] != index[j - 1];
+        p.groups_per_node = MAX(p.groups_per_node, distinct);
+    }
+    g_free(index);
+    g_free(mark);
+    g_free(scratch);
+    return p;
+}
+
 static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
 {
     SimCollGroup g = {
@@ -130,6 +194,11 @@ static SimCollGroup group_on(const ZpHw *hw, SimCollPlacement placement)
 SimCollGroup sim_coll_group_placed(const ZpHw *hw, int world, int ranks, int stride)
 {
     return group_on(hw, sim_coll_placement(world, ranks, stride, hw->gpus_per_node));
+}
+
+SimCollGroup sim_coll_group_of(const ZpHw *hw, int world, const ZpCommGroup *placed)
+{
+    return group_on(hw, sim_coll_placement_of(world, placed, hw->gpus_per_node));
 }
 
 SimCollGroup sim_coll_group(const ZpHw *hw, int dp, int mp, ZpGroup group)

@@ -61,10 +61,17 @@ typedef struct {
  * world must be a multiple of ranks x stride. O(gpus_per_node^2), whatever the world. */
 SimCollPlacement sim_coll_placement(int world, int ranks, int stride, int gpus_per_node);
 
+/* The placement of a communicator of any shape (runs too: zp_sched_graph.h), placed in the
+ * world's order; g must tile the world (zp_group_tiles). One run is sim_coll_placement; runs
+ * are walked, each distinct first member modulo a node once: O(gpus_per_node x span). */
+SimCollPlacement sim_coll_placement_of(int world, const ZpCommGroup *g, int gpus_per_node);
+
 /* The communicator of those groups on hw: per-level bus bandwidth (the hwprofile's measured
  * busbw, or line rate) and hop latencies; across nodes, the node's inter-node busbw split
- * among the groups on it when that is below the intra-node busbw. */
+ * among the groups on it when that is below the intra-node busbw. sim_coll_group_of: a
+ * communicator of any shape, placed. */
 SimCollGroup sim_coll_group_placed(const ZpHw *hw, int world, int ranks, int stride);
+SimCollGroup sim_coll_group_of(const ZpHw *hw, int world, const ZpCommGroup *placed);
 
 /* Placement of the DP or TP group of a world of dp*mp ranks numbered tp-fastest
  * (rank = dp_index*mp + tp_index, gpus_per_node consecutive ranks per node). mp must divide

@@ -719,8 +719,8 @@ gboolean sim_ops_build(Sim *sim, const ZpHw *hw, SimResult *result, GError **err
     for (int k = 0; k < ZP_P2P_N; k++)
         p2p_last[k].stage = UINT32_MAX;
     for (uint32_t g = 0; g < sim->n_groups; g++) {
-        groups[g] = sim_coll_group_placed(hw, s->world, sim->groups[g].ranks,
-                                          zp_sched_placed_stride(s, &sim->groups[g]));
+        const ZpCommGroup placed = zp_sched_placed_group(s, &sim->groups[g]);
+        groups[g] = sim_coll_group_of(hw, s->world, &placed);
         group_link[g] = (uint8_t)groups[g].bottleneck;
         for (int k = 0; k < ZP_COLL_N; k++) {
             last_cost[g][k].bytes = -1;

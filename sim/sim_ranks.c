@@ -318,12 +318,13 @@ static gboolean blocks_exact(Sim *sim, ZpCommGroup across[ZP_SCHED_MAX_GROUPS],
     groups_used(sim, used);
     *n_across = 0;
     for (uint32_t g = 0; g < sim->n_groups; g++) {
-        const uint32_t ranks = (uint32_t)sim->groups[g].ranks;
-        const uint32_t stride = (uint32_t)sim->groups[g].stride;
-        sim->per_row[g] = row_ranks(sim) % (ranks * stride) == 0;
+        const ZpCommGroup *group = &sim->groups[g];
+        sim->per_row[g] = row_ranks(sim) % zp_group_span(group) == 0;
         if (used[g] && !sim->per_row[g]) {
-            fits = fits && stride % row_ranks(sim) == 0;
-            across[(*n_across)++] = sim->groups[g];
+            /* every member in a row of its own, the same place in each */
+            fits = fits && group->stride % row_ranks(sim) == 0 &&
+                   zp_group_run_stride(group) % row_ranks(sim) == 0;
+            across[(*n_across)++] = *group;
         }
     }
     unsigned loaded[2] = {0, 0}; /* link classes loaded: [per_row] bit link */
@@ -404,7 +405,8 @@ static void build_group_flows(Sim *sim, uint32_t g, SimClasses *classes, GArray 
                               GArray *members, uint32_t *scratch)
 {
     const uint32_t world = (uint32_t)sim->sched->world;
-    const uint32_t ranks = (uint32_t)sim->groups[g].ranks, stride = (uint32_t)sim->groups[g].stride;
+    const ZpCommGroup *group = &sim->groups[g];
+    const uint32_t ranks = (uint32_t)group->ranks;
     if (sim->ranks < world && !classes->of_rank) {
         /* Each rank alone runs its stage's ops: its loads on a link are its own flows'
          * (Flow.alone_on_link), each of them the only one of its group and stream */
@@ -422,26 +424,28 @@ static void build_group_flows(Sim *sim, uint32_t g, SimClasses *classes, GArray 
     sim_interner_init(&sets);
     uint32_t *base = g_new(uint32_t, world / ranks);
     for (uint32_t k = 0; k < world / ranks; k++) {
-        const uint32_t first = sim_class_group_first(ranks, stride, k);
+        const uint32_t first = (uint32_t)zp_group_first(group, k);
         uint32_t n = ranks, id = k;
         gboolean fresh = TRUE;
         if (classes->of_rank) {
             const uint32_t known = sim_interner_count(&sets);
-            n = sim_class_group(classes, &sim->groups[g], first, scratch);
+            n = sim_class_group(classes, group, first, scratch);
             id = sim_interner_id(&sets, scratch, n);
             fresh = id == known;
         } else {
             for (uint32_t i = 0; i < ranks; i++)
-                scratch[i] = first + i * stride;
+                scratch[i] = (uint32_t)zp_group_member(group, first, i);
         }
         if (fresh)
             base[id] = add_flow_slots(flows, members, scratch, n, sim->per_row[g]);
         else if (sim->weight) /* a block's row: one more group its flow stands for */
             for (uint32_t stream = 0; stream < ZP_STREAM_N; stream++)
                 g_array_index(flows, Flow, base[id] + stream).copies++;
-        for (uint32_t i = 0, r = first; i < ranks; i++, r += stride)
+        for (uint32_t i = 0; i < ranks; i++) {
+            const uint32_t r = (uint32_t)zp_group_member(group, first, i);
             sim->slot_of[(size_t)(classes->of_rank ? classes->of_rank[r] : r) * sim->n_groups +
                          g] = base[id];
+        }
     }
     g_free(base);
     sim_interner_clear(&sets);

@@ -276,6 +276,19 @@ static void test_moe(void)
     g_assert_cmpint(p.experts.etp, ==, 1);
     g_assert_cmpint(zp_plan_edp(&p), ==, 2);
     g_free(said);
+    /* and over a pipeline of 2 (TP 2 x DP 4 a stage: the tensor ranks of 4 dp ranks), with
+     * Megatron's default dispatcher over TP 2 x EP 4 too */
+    g_assert_true(parse_words("moe.sh", "--num-experts 8 --tensor-model-parallel-size 2 "
+                              "--sequence-parallel --expert-tensor-parallel-size 1 "
+                              "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall "
+                              "--pipeline-model-parallel-size 2", &m, 16, &p, &said));
+    g_assert_cmpint(zp_plan_edp(&p), ==, 1);
+    g_free(said);
+    g_assert_true(parse_words("moe.sh", "--num-experts 8 --tensor-model-parallel-size 2 "
+                              "--sequence-parallel --expert-model-parallel-size 4 "
+                              "--pipeline-model-parallel-size 2", &m, 16, &p, &said));
+    g_assert_cmpint(p.experts.dispatcher, ==, ZP_DISPATCH_ALLGATHER);
+    g_free(said);
     const struct {
         const char *args, *says;
     } bad[] = {
@@ -285,10 +298,6 @@ static void test_moe(void)
          "--moe-router-topk is 1 (2 when absent) but the model"},
         {"--num-experts 8 --moe-token-dispatcher-type alltoall --expert-model-parallel-size 3",
          "--expert-model-parallel-size 3 does not divide the 8 experts"},
-        {"--num-experts 8 --expert-model-parallel-size 2 --tensor-model-parallel-size 2 "
-         "--sequence-parallel --pipeline-model-parallel-size 2",
-         "--moe-token-dispatcher-type: allgather over TP 2 x EP 2 with a pipeline of 2 stages "
-         "is not modeled"},
         {"--num-experts 8 --moe-token-dispatcher-type alltoall --tensor-model-parallel-size 2",
          "--sequence-parallel: absent, but Megatron-Core trains a mixture of experts with "
          "--tensor-model-parallel-size > 1 only with it"},
@@ -303,9 +312,15 @@ static void test_moe(void)
          "data-parallel size 4"},
         {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel "
          "--expert-tensor-parallel-size 1 --expert-model-parallel-size 8 "
-         "--moe-token-dispatcher-type alltoall --pipeline-model-parallel-size 2",
-         "--expert-tensor-parallel-size: 1 with a pipeline of 2 stages needs EP = TP (2, not "
-         "8)"},
+         "--moe-token-dispatcher-type alltoall --pipeline-model-parallel-size 2 "
+         "--use-tp-pp-dp-mapping",
+         "--expert-tensor-parallel-size: 1 with a pipeline of 2 stages and EP 8 over TP 2 under "
+         "the tp-pp-dp order is not modeled"},
+        {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel "
+         "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+         "--use-tp-pp-dp-mapping",
+         "--moe-token-dispatcher-type: allgather over TP 2 x EP 2 with a pipeline of 2 stages "
+         "under the tp-pp-dp order"},
         {"--num-experts 8 --moe-ffn-hidden-size 1408", "--moe-ffn-hidden-size is 1408"},
         {"--num-experts 8 --moe-layer-recompute", "--moe-layer-recompute is refused"},
         {"--num-experts 8 --moe-token-dispatcher-type all2all", "unknown value 'all2all'"},

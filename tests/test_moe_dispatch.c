@@ -234,31 +234,43 @@ static void test_allgather_dispatcher(void)
     g_unlink(path);
     g_free(path);
     zp_sched_free(s);
-    /* EP 1 at TP 2 (the tensor group), TP 1 at EP 4 over a pipeline (the EP group), and over
-     * TP 2 x EP 2 with a pipeline refused, naming the field */
+    /* EP 1 at TP 2 (the tensor group), TP 1 at EP 4 over a pipeline (the EP group), TP 2 x EP 2
+     * over a pipeline (the 2 tensor ranks of 2 dp ranks, mp P = 4 apart: runs, one run placed
+     * under tp-dp-pp), and that under tp-pp-dp refused, naming the field */
     const struct {
-        int mp, dp, pp, ep, ranks, stride;
-    } shapes[] = {{2, 4, 1, 1, 2, 1}, {1, 4, 2, 4, 4, 2}, {2, 2, 2, 2, 0, 0}};
+        int mp, dp, pp, ep, ranks, stride, run, run_stride, placed_stride;
+        ZpRankOrder order;
+    } shapes[] = {{2, 4, 1, 1, 2, 1, 2, 2, 1, ZP_ORDER_TP_DP_PP},
+                  {1, 4, 2, 4, 4, 2, 4, 8, 1, ZP_ORDER_TP_DP_PP},
+                  {2, 2, 2, 2, 4, 1, 2, 4, 1, ZP_ORDER_TP_DP_PP},
+                  {2, 2, 2, 2, 0, 0, 0, 0, 0, ZP_ORDER_TP_PP_DP}};
     for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
         ZpPlan q;
         zp_plan_defaults(&q, 1, shapes[k].dp, shapes[k].mp);
         q.impl = ZP_IMPL_MEGATRON, q.precision = ZP_PREC_BF16, q.micro_batch = 2;
         q.sequence_parallel = shapes[k].mp > 1, q.grad_accum = 4;
-        q.pipe.stages = shapes[k].pp;
+        q.pipe.stages = shapes[k].pp, q.rank_order = shapes[k].order;
         q.experts.ep = shapes[k].ep, q.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
         zp_impl_plan_defaults(&q);
         s = zp_sched_build(&m, &q, &error);
         if (shapes[k].ranks == 0) {
             g_assert_null(s);
             g_assert_nonnull(strstr(error->message, "experts.dispatcher: allgather over TP 2 x "
-                                                    "EP 2 with a pipeline of 2 stages"));
+                                                    "EP 2 with a pipeline of 2 stages under the "
+                                                    "tp-pp-dp order"));
             g_clear_error(&error);
             continue;
         }
         g_assert_no_error(error);
         zp_sched_groups(s, groups);
-        g_assert_cmpint(groups[ZP_GROUP_TPEP].ranks, ==, shapes[k].ranks);
-        g_assert_cmpint(groups[ZP_GROUP_TPEP].stride, ==, shapes[k].stride);
+        const ZpCommGroup *tpep = &groups[ZP_GROUP_TPEP];
+        g_assert_cmpint(tpep->ranks, ==, shapes[k].ranks);
+        g_assert_cmpint(tpep->stride, ==, shapes[k].stride);
+        g_assert_cmpint(zp_group_run(tpep), ==, shapes[k].run);
+        g_assert_cmpint(zp_group_run_stride(tpep), ==, shapes[k].run_stride);
+        const ZpCommGroup placed = zp_sched_placed_group(s, tpep);
+        g_assert_cmpint(zp_group_run(&placed), ==, shapes[k].ranks); /* one run */
+        g_assert_cmpint(placed.stride, ==, shapes[k].placed_stride);
         g_assert_cmpfloat(zp_sched_comm_bytes(s, ZP_GROUP_TPEP), >, 0);
         zp_sched_free(s);
     }
@@ -281,9 +293,7 @@ static void test_allgather_dispatcher(void)
  * - E / EP experts a rank: 6,144 elements a sparse unit at EP 4, 12,288 at EP 2; their model
  *   states move from the split experts' (EP 2) as the closed form's do (zp_ep_model_states over
  *   zp_plan_edp ranks; Megatron's dense bucket padding, which it leaves out, cancels);
- * - the plan's JSON carries "etp": 1 and reads back; over a pipeline EP must be the tensor
- *   group (EP 2 with 2 stages is laid out, EP 4 refused naming the field); outside Megatron,
- *   and at an ETP other than 1 and mp, refused. */
+ * - the plan's JSON carries "etp": 1 and reads back; over a pipeline the groups (below). */
 static void test_whole_experts(void)
 {
     ZpModel m;
@@ -370,24 +380,37 @@ static void test_whole_experts(void)
         g_assert_true(zp_sched_op(s, i)->group != ZP_GROUP_TPEP ||
                       zp_sched_op(s, i)->kind != ZP_OP_COLLECTIVE);
     zp_sched_free(s);
+    /* Over a pipeline of 2 (mp 2 x pp 2 x dp 2, a dp rank mp P = 4 apart): EP 2, the tensor
+     * group, and the dp ranks; EP 4, the tensor ranks of both dp ranks (runs of 2, 4 apart)
+     * and one rank; at mp 4 x dp 2 (8 apart), EP 2 inside the tensor group and the ranks 2
+     * apart in the tensor groups of both dp ranks (runs of 2, 8 apart); EP 4 under tp-pp-dp,
+     * outside Megatron and an ETP other than 1 and mp refused, naming the field. */
     const struct {
-        int pp, ep, etp;
+        int pp, mp, ep, etp;
         ZpImplKind impl;
+        ZpRankOrder order;
+        ZpCommGroup ep_group, edp_group;
         const char *says; /* NULL: built */
     } shapes[] = {
-        {2, 2, 1, ZP_IMPL_MEGATRON, NULL},
-        {2, 4, 1, ZP_IMPL_MEGATRON, "experts.etp: 1 with a pipeline of 2 stages needs EP = TP"},
-        {1, 4, 1, ZP_IMPL_DEEPSPEED, "experts.etp: 1 is Megatron-Core's"},
-        {1, 2, 3, ZP_IMPL_MEGATRON, "experts.etp: 3: experts split over the TP degree (2)"},
+        {2, 2, 2, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 2, 1, 0, 0}, {"", 2, 4, 0, 0}, NULL},
+        {2, 2, 2, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_PP_DP, {"", 2, 1, 0, 0}, {"", 2, 4, 0, 0}, NULL},
+        {2, 2, 4, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 4, 1, 2, 4}, {"", 1, 8, 0, 0}, NULL},
+        {2, 4, 2, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 2, 1, 0, 0}, {"", 4, 2, 2, 8}, NULL},
+        {2, 2, 4, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_PP_DP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
+         "experts.etp: 1 with a pipeline of 2 stages and EP 4 over TP 2 under the tp-pp-dp order"},
+        {1, 2, 4, 1, ZP_IMPL_DEEPSPEED, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
+         "experts.etp: 1 is Megatron-Core's"},
+        {1, 2, 2, 3, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
+         "experts.etp: 3: experts split over the TP degree (2)"},
     };
     for (size_t k = 0; k < G_N_ELEMENTS(shapes); k++) {
         ZpPlan q;
-        zp_plan_defaults(&q, 1, shapes[k].pp == 1 ? 2 : 1, 2);
+        zp_plan_defaults(&q, 1, shapes[k].pp == 1 ? 2 : 1, shapes[k].mp);
         q.impl = shapes[k].impl, q.precision = ZP_PREC_BF16, q.micro_batch = 2;
         q.sequence_parallel = TRUE, q.grad_accum = 4;
-        q.pipe.stages = shapes[k].pp;
+        q.pipe.stages = shapes[k].pp, q.rank_order = shapes[k].order;
         q.experts.ep = shapes[k].ep, q.experts.etp = shapes[k].etp;
-        if (shapes[k].pp > 1) /* 8 ranks: mp 2 x pp 2 x dp 2 */
+        if (shapes[k].pp > 1) /* mp x pp 2 x dp 2 */
             q.dp = 2;
         zp_impl_plan_defaults(&q);
         s = zp_sched_build(&m, &q, &error);
@@ -401,12 +424,144 @@ static void test_whole_experts(void)
         g_assert_no_error(error);
         ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
         zp_sched_groups(s, groups);
-        g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, 2); /* the tensor group */
-        g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 1);
-        g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 2); /* the dp ranks */
-        g_assert_cmpint(groups[ZP_GROUP_EDP].stride, ==, 4);
+        for (int g = ZP_GROUP_EP; g <= ZP_GROUP_EDP; g++) {
+            const ZpCommGroup *want = g == ZP_GROUP_EP ? &shapes[k].ep_group
+                                                       : &shapes[k].edp_group;
+            g_assert_cmpint(groups[g].ranks, ==, want->ranks);
+            g_assert_cmpint(groups[g].stride, ==, want->stride);
+            g_assert_cmpint(zp_group_run(&groups[g]), ==, zp_group_run(want));
+            g_assert_cmpint(zp_group_run_stride(&groups[g]), ==, zp_group_run_stride(want));
+            g_assert_true(zp_group_tiles(&groups[g], s->world));
+        }
         zp_sched_free(s);
     }
+}
+
+/* Megatron's expert groups under a pipeline, runs of zplan's ranks (zp_sched_graph.h), on the
+ * 2-layer MoE at mp 2 x pp 2 x dp 2 on 8-GPU nodes: whole experts at EP 4 (the tensor ranks of
+ * both dp ranks) under either dispatcher, and the all-gather dispatcher's TP x EP at EP 2.
+ * Each simulated folded (a rank a stage) equals every rank simulated (--explicit, which walks
+ * the groups' members), step, peak, bytes and dispatcher time; a runs group is costed as its
+ * placement says: a graph's all-reduce over the runs {0, 1, 8, 9} of 16 ranks takes what one
+ * over {0, 4, 8, 12} takes (both: 2 nodes, 4 groups on a node), and one over {0, 1, 2, 3}
+ * less; and the schedule file writes the runs and reads them back, refusing a bad run. */
+static void check_folded_is_explicit(const ZpModel *m, const ZpPlan *p, const ZpHw *hw)
+{
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(m, p, &error);
+    g_assert_no_error(error);
+    SimResult *r[2];
+    for (int e = 0; e < 2; e++) {
+        const SimOptions options = {.mode = e ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED};
+        r[e] = sim_engine_run(s, hw, &options, &error);
+        g_assert_no_error(error);
+    }
+    g_assert_cmpint(r[0]->ranks_simulated, ==, 2);
+    g_assert_cmpint(r[1]->ranks_simulated, ==, 8);
+    g_assert_cmpfloat(r[0]->step_time_s, ==, r[1]->step_time_s);
+    g_assert_cmpfloat(r[0]->peak_memory_bytes, ==, r[1]->peak_memory_bytes);
+    g_assert_cmpfloat(r[0]->alltoall_s, ==, r[1]->alltoall_s);
+    g_assert_cmpfloat(r[0]->alltoall_s, >, 0);
+    for (int g = 0; g < ZP_SCHED_MAX_GROUPS; g++)
+        g_assert_cmpfloat(r[0]->comm_bytes[g], ==, r[1]->comm_bytes[g]);
+    sim_result_free(r[0]);
+    sim_result_free(r[1]);
+    zp_sched_free(s);
+}
+
+static double graph_step_s(const char *group, const ZpHw *hw)
+{
+    char *dir = NULL;
+    char *path = tu_tmp_file("runs", "graph.json", &dir);
+    char *text = g_strdup_printf(
+        "{\"format\": \"zplan-schedule-1\", \"world\": 16, \"groups\": ["
+        "{\"name\": \"dp\", \"ranks\": 16, \"stride\": 1}, "
+        "{\"name\": \"tp\", \"ranks\": 1, \"stride\": 1}, %s], \"precision\": \"bf16\", "
+        "\"ops\": [{\"kind\": \"compute\", \"op\": \"block_fwd\", \"flops\": 1e12, "
+        "\"deps\": []}, {\"kind\": \"collective\", \"op\": \"allreduce\", \"group\": "
+        "\"x\", \"bytes\": 64e6, \"deps\": [0]}]}",
+        group);
+    g_assert_true(g_file_set_contents(path, text, -1, NULL));
+    g_free(text);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_read_graph(path, &error);
+    double step_s = -1;
+    if (s) {
+        SimResult *r[2];
+        for (int e = 0; e < 2; e++) {
+            const SimOptions options = {.mode = e ? SIM_MODE_EXPLICIT : SIM_MODE_FOLDED};
+            r[e] = sim_engine_run(s, hw, &options, &error);
+            g_assert_no_error(error);
+        }
+        g_assert_cmpfloat(r[0]->step_time_s, ==, r[1]->step_time_s);
+        step_s = r[0]->step_time_s;
+        sim_result_free(r[0]);
+        sim_result_free(r[1]);
+        zp_sched_free(s);
+    } else {
+        g_test_message("%s", error->message);
+        g_assert_nonnull(strstr(error->message, "groups[2]"));
+        g_clear_error(&error);
+    }
+    tu_tmp_file_remove(path, dir);
+    return step_s;
+}
+
+static void test_expert_runs(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    const ZpHw hw = tu_load_hw("dgx-h100");
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 2, 2);
+    p.impl = ZP_IMPL_MEGATRON, p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+    p.sequence_parallel = TRUE, p.grad_accum = 4, p.pipe.stages = 2;
+    p.experts.ep = 4, p.experts.etp = 1;
+    zp_impl_plan_defaults(&p);
+    check_folded_is_explicit(&m, &p, &hw);
+    p.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
+    check_folded_is_explicit(&m, &p, &hw);
+    p.experts.ep = 2, p.experts.etp = 0;
+    check_folded_is_explicit(&m, &p, &hw);
+    /* the file: runs written and read back, by both readers */
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    char *dir = NULL;
+    char *path = tu_tmp_file("runs", "sched.json", &dir);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    char *text = NULL;
+    g_assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    g_assert_nonnull(strstr(text, "\"run\": 2"));
+    g_assert_nonnull(strstr(text, "\"run_stride\": 4"));
+    g_free(text);
+    for (int graph = 0; graph < 2; graph++) {
+        ZpSchedule *t = graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
+        g_assert_no_error(error);
+        tu_assert_same_groups(s, t);
+        zp_sched_free(t);
+    }
+    tu_tmp_file_remove(path, dir);
+    zp_sched_free(s);
+    /* costed by placement */
+    const double runs_s =
+        graph_step_s("{\"name\": \"x\", \"ranks\": 4, \"stride\": 1, \"run\": 2, "
+                     "\"run_stride\": 8}", &hw);
+    const double apart_s = graph_step_s("{\"name\": \"x\", \"ranks\": 4, \"stride\": 4}", &hw);
+    const double node_s = graph_step_s("{\"name\": \"x\", \"ranks\": 4, \"stride\": 1}", &hw);
+    g_assert_cmpfloat(runs_s, >, 0);
+    g_assert_cmpfloat(runs_s, ==, apart_s);
+    g_assert_cmpfloat(node_s, <, runs_s);
+    /* refused: run 3 not dividing 4, a run of 4 (all: leave it out), runs overlapping,
+     * run_stride without run */
+    g_assert_cmpfloat(graph_step_s("{\"name\": \"x\", \"ranks\": 4, \"stride\": 1, "
+                                   "\"run\": 3, \"run_stride\": 8}", &hw), ==, -1);
+    g_assert_cmpfloat(graph_step_s("{\"name\": \"x\", \"ranks\": 4, \"stride\": 1, "
+                                   "\"run\": 4, \"run_stride\": 8}", &hw), ==, -1);
+    g_assert_cmpfloat(graph_step_s("{\"name\": \"x\", \"ranks\": 4, \"stride\": 1, "
+                                   "\"run\": 2, \"run_stride\": 1}", &hw), ==, -1);
+    g_assert_cmpfloat(graph_step_s("{\"name\": \"x\", \"ranks\": 4, \"stride\": 1, "
+                                   "\"run_stride\": 8}", &hw), ==, -1);
 }
 
 int main(int argc, char **argv)
@@ -415,5 +570,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-dispatch/sequence-parallel-experts", test_sequence_parallel_experts);
     g_test_add_func("/moe-dispatch/allgather-dispatcher", test_allgather_dispatcher);
     g_test_add_func("/moe-dispatch/whole-experts", test_whole_experts);
+    g_test_add_func("/moe-dispatch/expert-runs", test_expert_runs);
     return g_test_run();
 }

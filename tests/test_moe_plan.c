@@ -195,9 +195,10 @@ static void test_plan_simulates_shortlist(void)
 }
 
 /* Under --impl megatron the search weighs both of Megatron-Core's dispatchers (Mixtral-8x7B
- * on 64 H100s at s 512), and experts split over TP or whole (ETP 1, where zplan lays its
- * groups out, EP then dividing TP x DP, not only dp): every plan where the allgather one
- * communicates (ETP x EP > 1) and zplan lays its group out comes with it too, none at 1; its closed form's collectives
+ * on 64 H100s at s 512), and experts split over TP or whole (ETP 1, EP then dividing TP x DP,
+ * not only dp; over a pipeline too, EP a multiple or a divisor of TP, the groups runs of
+ * zplan's ranks): every plan where the allgather one communicates (ETP x EP > 1) comes with
+ * it too (over a pipeline too, TP x EP runs), none at 1; its closed form's collectives
  * (gathers and reduce-scatters over TP x EP at the simulator's collective cost) are within 2%
  * of the simulator's for the plans without a pipeline, at TP 1 and 2 (at 512 tokens a rank the
  * pieces are small: the closed form at busbw alone was 42% short at EP 4); deepspeed's plans
@@ -217,13 +218,14 @@ static void test_plan_megatron_dispatchers(void)
         GError *error = NULL;
         GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
         g_assert_no_error(error);
-        guint gathers = 0, compared = 0, alltoalls = 0, whole = 0, beyond_dp = 0;
+        guint gathers = 0, compared = 0, alltoalls = 0, whole = 0, beyond_dp = 0, runs = 0;
         for (guint i = 0; i < c->len; i++) {
             ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
             const ZpPlan *p = &x->plan;
             if (zp_plan_etp(p) != p->mp) { /* whole experts: Megatron's, laid out */
                 whole++;
                 beyond_dp += p->dp % zp_plan_ep(p) != 0;
+                runs += zp_plan_pp(p) > 1 && zp_plan_ep(p) != p->mp;
                 g_assert_cmpint(zp_plan_etp(p), ==, 1);
                 g_assert_true(zp_plan_etp_check(p, "test", NULL));
                 g_assert_cmpint((p->mp * p->dp) % zp_plan_ep(p), ==, 0);
@@ -234,7 +236,9 @@ static void test_plan_megatron_dispatchers(void)
             }
             gathers++;
             g_assert_cmpint(zp_plan_etp(p) * zp_plan_ep(p), >, 1);
-            g_assert_true(zp_plan_etp(p) == 1 || zp_plan_ep(p) == 1 || zp_plan_pp(p) == 1);
+            g_assert_true(zp_plan_dispatcher_check(p, "test", NULL));
+            /* over a pipeline, TP x EP is runs of zplan's ranks (zp_sched_groups) */
+            runs += zp_plan_etp(p) > 1 && zp_plan_ep(p) > 1 && zp_plan_pp(p) > 1;
             /* the first 3 without a pipeline of each ETP kind (split, whole) at TP 1 or 2 */
             const gboolean split = zp_plan_etp(p) == p->mp;
             if (zp_plan_pp(p) > 1 || p->zero.stage != 1 || p->checkpoint || p->micro_batch != 1 ||
@@ -250,8 +254,9 @@ static void test_plan_megatron_dispatchers(void)
             compared += split ? 1 : 16;
         }
         g_test_message("%s: %u plans with the all-to-all, %u with the all-gather; %u with "
-                       "whole experts, %u of them at an EP no divisor of dp",
-                       megatron ? "megatron" : "deepspeed", alltoalls, gathers, whole, beyond_dp);
+                       "whole experts, %u of them at an EP no divisor of dp; %u with groups in "
+                       "runs", megatron ? "megatron" : "deepspeed", alltoalls, gathers, whole,
+                       beyond_dp, runs);
         g_assert_cmpuint(alltoalls, >, 0);
         if (!megatron) {
             g_assert_cmpuint(gathers, ==, 0);
@@ -259,6 +264,7 @@ static void test_plan_megatron_dispatchers(void)
         } else {
             g_assert_cmpuint(whole, >, 0);
             g_assert_cmpuint(beyond_dp, >, 0);
+            g_assert_cmpuint(runs, >, 0);
             g_assert_cmpuint(compared % 16, ==, 3);
             g_assert_cmpuint(compared / 16, ==, 3);
             g_assert_cmpuint(gathers, >, alltoalls / 2);

@@ -165,6 +165,106 @@ static double nccl_tree_s(int n, double bytes, int p)
            bytes / (0.5 * 0.92 * bus * t[p] * c);
 }
 
+/* Runs (ZpCommGroup.run, Megatron's expert groups under a pipeline): for every shape of
+ * small worlds, each rank in exactly one group, zp_group_index and zp_group_first inverse,
+ * a group's members its ranks; one-run groups as (ranks, stride) always read; and the
+ * placement (the most nodes a group spans, the most groups on a node) against counting each
+ * group and node. */
+static int count_distinct(int64_t *v, int n)
+{
+    int distinct = 0;
+    for (int i = 0; i < n; i++) {
+        gboolean seen = FALSE;
+        for (int j = 0; j < i && !seen; j++)
+            seen = v[j] == v[i];
+        distinct += !seen;
+    }
+    return distinct;
+}
+
+static void check_runs_shape(int world, const ZpCommGroup *g)
+{
+    int *group_of = g_new(int, world);
+    for (int r = 0; r < world; r++)
+        group_of[r] = -1;
+    const int groups = world / g->ranks;
+    for (int k = 0; k < groups; k++) {
+        const int64_t first = zp_group_first(g, k);
+        for (int i = 0; i < g->ranks; i++) {
+            const int64_t r = zp_group_member(g, first, i);
+            g_assert_cmpint(r, >=, 0);
+            g_assert_cmpint(r, <, world);
+            g_assert_cmpint(group_of[r], ==, -1); /* in one group only */
+            group_of[r] = k;
+            g_assert_cmpint(zp_group_index(g, r), ==, k);
+            if (i > 0) /* ascending */
+                g_assert_cmpint(r, >, zp_group_member(g, first, i - 1));
+        }
+    }
+    for (int r = 0; r < world; r++)
+        g_assert_cmpint(group_of[r], >=, 0);
+    for (int gpn = 1; gpn <= 16; gpn *= 2) {
+        int nodes = 0, per_node = 0;
+        for (int k = 0; k < groups; k++) {
+            int64_t node[64];
+            for (int i = 0; i < g->ranks; i++)
+                node[i] = zp_group_member(g, zp_group_first(g, k), i) / gpn;
+            nodes = MAX(nodes, count_distinct(node, g->ranks));
+        }
+        for (int n = 0; n * gpn < world; n++) {
+            int64_t index[16];
+            const int on_node = MIN(gpn, world - n * gpn);
+            for (int j = 0; j < on_node; j++)
+                index[j] = group_of[n * gpn + j];
+            per_node = MAX(per_node, count_distinct(index, on_node));
+        }
+        const SimCollPlacement p = sim_coll_placement_of(world, g, gpn);
+        g_assert_cmpint(p.ranks, ==, g->ranks);
+        g_assert_cmpint(p.nodes, ==, nodes);
+        if (zp_group_run(g) < g->ranks) /* one run: sim_coll_placement's own figure */
+            g_assert_cmpint(p.groups_per_node, ==, per_node);
+    }
+    g_free(group_of);
+}
+
+static void test_group_runs(void)
+{
+    int shapes = 0;
+    for (int world = 1; world <= 64; world++)
+        for (int stride = 1; stride <= world; stride++)
+            for (int run = 1; run * stride <= world && run <= 8; run++)
+                for (int runs = 1; runs * run <= 64; runs++)
+                    for (int gap = 1; (int64_t)run * stride * gap * runs <= world; gap++) {
+                        /* runs run * stride * gap apart: gap 1 abuts (one run) */
+                        ZpCommGroup g = {.ranks = run * runs, .stride = stride};
+                        if (runs > 1 && run > 1)
+                            g.run = run, g.run_stride = run * stride * gap;
+                        else if (gap > 1)
+                            continue; /* the same one-run group again */
+                        if (!zp_group_tiles(&g, world))
+                            continue;
+                        check_runs_shape(world, &g);
+                        shapes++;
+                    }
+    g_assert_cmpint(shapes, >, 1000);
+    /* zp_group_runs: one run where runs abut or there is one */
+    ZpCommGroup g = zp_group_runs(2, 1, 4, 2);
+    g_assert_cmpint(g.ranks, ==, 8);
+    g_assert_cmpint(zp_group_run(&g), ==, 8);
+    g = zp_group_runs(1, 1, 4, 16);
+    g_assert_cmpint(g.ranks, ==, 4);
+    g_assert_cmpint(g.stride, ==, 16);
+    g = zp_group_runs(2, 1, 4, 16);
+    g_assert_cmpint(zp_group_run(&g), ==, 2);
+    g_assert_cmpint(zp_group_span(&g), ==, 64);
+    /* refused shapes: run not dividing ranks, runs overlapping, a span past the world */
+    const ZpCommGroup bad[] = {{"", 6, 1, 4, 8}, {"", 4, 1, 2, 1},
+                               {"", 4, 1, 2, 16}};
+    g_assert_false(zp_group_tiles(&bad[0], 64));
+    g_assert_false(zp_group_tiles(&bad[1], 64));
+    g_assert_false(zp_group_tiles(&bad[2], 16));
+}
+
 static void test_nccl_tuning_model(void)
 {
     static const struct {
@@ -437,6 +537,7 @@ int main(int argc, char **argv)
     g_test_add_func("/sim/coll/nccl-tuning-model", test_nccl_tuning_model);
     g_test_add_func("/sim/engine/one-collective", test_one_collective);
     g_test_add_func("/sim/engine/stop-after", test_stop_after);
+    g_test_add_func("/sim/group-runs", test_group_runs);
     g_test_add_func("/sim/engine/chain-and-overlap", test_chain_and_overlap);
     g_test_add_func("/sim/engine/bandwidth-sharing", test_bandwidth_sharing);
     g_test_add_func("/sim/engine/schedule-faults", test_schedule_faults);

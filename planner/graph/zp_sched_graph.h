@@ -106,9 +106,8 @@ typedef enum {
  * ranks of the stage's tp x dp grid and the ranks EP apart in it); and the TP x EP group the
  * all-gather dispatcher gathers every token over (TPEP: parallel_state's
  * _EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, the expert tensor ranks of each of the EP group's;
- * zp_sched_groups can lay these out only where each is one strided run of zplan's ranks,
- * which zp_plan_dispatcher_check and zp_plan_etp_check require). One rank each without
- * experts. */
+ * with a pipeline between zplan's tensor and dp ranks, the tensor ranks of several dp ranks
+ * are runs, ZpCommGroup.run). One rank each without experts. */
 typedef enum {
     ZP_GROUP_DP,
     ZP_GROUP_TP,
@@ -187,14 +186,79 @@ typedef struct {
 } ZpOp;
 _Static_assert(sizeof(ZpOp) == 72, "ZpOp: 72 bytes, its kinds' fields in one union");
 
-/* A communicator: the world cut into world / ranks groups of `ranks` members `stride` apart
- * (members first + i * stride, first = b * ranks * stride + o, o < stride). Ops name it by
- * its index in the schedule's table. */
+/* A communicator: the world cut into world / ranks groups of `ranks` members. A group is one
+ * run of members `stride` apart (members first + i * stride, first = b * ranks * stride + o,
+ * o < stride), or, where `run` is set (1 < run < ranks), ranks / run such runs of `run`
+ * members, the runs `run_stride` apart: member i is first + (i % run) * stride +
+ * (i / run) * run_stride, with run_stride a multiple of run * stride. The second shape is
+ * Megatron's expert groups under a pipeline: t tensor ranks of each of EP / t data-parallel
+ * ranks, which zplan numbers tensor rank, stage, then dp (zp_sched_groups). Ops name a
+ * communicator by its index in the schedule's table. */
 #define ZP_SCHED_MAX_GROUPS 16
 typedef struct {
     char name[16];
     int ranks, stride;
+    int run, run_stride; /* 0, 0: one run */
 } ZpCommGroup;
+
+/* The members of one run: all of them in a group of one run. */
+static inline int64_t zp_group_run(const ZpCommGroup *g)
+{
+    return g->run > 1 && g->run < g->ranks ? g->run : g->ranks;
+}
+/* Where the runs of a group of several lie: run_stride apart, else one run's span. */
+static inline int64_t zp_group_run_stride(const ZpCommGroup *g)
+{
+    return zp_group_run(g) < g->ranks ? g->run_stride : (int64_t)g->ranks * g->stride;
+}
+/* The ranks a group's pattern repeats over: a multiple of it is cut into whole groups (with
+ * first's offsets below it). */
+static inline int64_t zp_group_span(const ZpCommGroup *g)
+{
+    return zp_group_run_stride(g) * (g->ranks / zp_group_run(g));
+}
+/* Member i of the group whose first member is first. */
+static inline int64_t zp_group_member(const ZpCommGroup *g, int64_t first, int64_t i)
+{
+    const int64_t run = zp_group_run(g);
+    return first + i % run * g->stride + i / run * zp_group_run_stride(g);
+}
+/* The number of rank's group, 0 to world / ranks - 1: rank with its two digits (place in its
+ * run, its run's place) taken out, mixed radix. zp_group_first is its inverse. */
+static inline int64_t zp_group_index(const ZpCommGroup *g, int64_t rank)
+{
+    const int64_t s = g->stride, run_span = zp_group_run(g) * s;
+    const int64_t gaps = zp_group_run_stride(g) / run_span, span = zp_group_span(g);
+    return rank % s + s * (rank / run_span % gaps + gaps * (rank / span));
+}
+static inline int64_t zp_group_first(const ZpCommGroup *g, int64_t index)
+{
+    const int64_t s = g->stride, run_span = zp_group_run(g) * s;
+    const int64_t gaps = zp_group_run_stride(g) / run_span, span = zp_group_span(g);
+    return index % s + run_span * (index / s % gaps) + span * (index / s / gaps);
+}
+/* A group of `run` members stride apart in each of `runs` runs run_stride apart, as one run
+ * where the runs abut (run * stride == run_stride) or there is one. */
+static inline ZpCommGroup zp_group_runs(int run, int stride, int runs, int run_stride)
+{
+    if (runs <= 1 || run <= 1 || (int64_t)run * stride == run_stride)
+        return run <= 1 ? (ZpCommGroup){.ranks = runs, .stride = run_stride}
+                        : (ZpCommGroup){.ranks = run * runs, .stride = stride};
+    return (ZpCommGroup){.ranks = run * runs, .stride = stride, .run = run,
+                         .run_stride = run_stride};
+}
+/* Whether g tiles a world of `world` ranks: a positive shape whose span divides the world
+ * (runs: run divides ranks, run_stride a multiple of run * stride). */
+static inline gboolean zp_group_tiles(const ZpCommGroup *g, int64_t world)
+{
+    if (g->ranks < 1 || g->stride < 1)
+        return FALSE;
+    const int64_t run = zp_group_run(g);
+    if (run < g->ranks && (g->ranks % run != 0 || g->run_stride < 1 ||
+                           g->run_stride % (run * g->stride) != 0))
+        return FALSE;
+    return zp_group_span(g) <= world && world % zp_group_span(g) == 0;
+}
 
 /* A schedule file's "digest" against its ops (zp_sched_read_json). */
 typedef enum {

@@ -630,16 +630,41 @@ double zp_sched_comm_bytes(const ZpSchedule *s, ZpGroup group)
     return most;
 }
 
-int zp_sched_placed_stride(const ZpSchedule *s, const ZpCommGroup *g)
+/* A logical distance's placed one under tp-dp-pp with a pipeline: dp's multiples (a dp rank is
+ * mp P apart, placed mp), the pipeline's stage (mp apart, placed mp dp), or inside a stage's
+ * tensor group, which both orders keep together. */
+static int64_t placed_distance(const ZpSchedule *s, int64_t distance, int ranks)
 {
     const int64_t mp = s->plan.mp, P = MAX(s->stages, 1);
-    if (s->plan.rank_order != ZP_ORDER_TP_DP_PP || P == 1)
-        return g->stride;
-    if (g->stride % (mp * P) == 0) /* dp's and its subgroups: a dp rank is mp apart */
-        return (int)(g->stride / P);
-    if (g->stride == mp && g->ranks == P) /* the pipeline: a stage is mp dp apart */
-        return (int)(mp * s->plan.dp);
-    return g->stride; /* inside a stage's tensor group, which both orders keep together */
+    if (distance % (mp * P) == 0)
+        return distance / P;
+    if (distance == mp && ranks == P)
+        return mp * s->plan.dp;
+    return distance;
+}
+
+ZpCommGroup zp_sched_placed_group(const ZpSchedule *s, const ZpCommGroup *g)
+{
+    if (s->plan.rank_order != ZP_ORDER_TP_DP_PP || MAX(s->stages, 1) == 1)
+        return *g;
+    const int run = (int)zp_group_run(g);
+    const int stride = (int)placed_distance(s, g->stride, run == g->ranks ? g->ranks : 0);
+    if (run == g->ranks) {
+        ZpCommGroup placed = *g;
+        placed.stride = stride;
+        return placed;
+    }
+    /* Runs (Megatron's expert groups: tensor ranks of several dp ranks): the runs' distance, a
+     * multiple of dp's, placed; one run where they then abut (zp_group_runs). */
+    ZpCommGroup placed = zp_group_runs(run, stride, g->ranks / run,
+                                       (int)placed_distance(s, g->run_stride, 0));
+    g_strlcpy(placed.name, g->name, sizeof placed.name);
+    return placed;
+}
+
+int zp_sched_placed_stride(const ZpSchedule *s, const ZpCommGroup *g)
+{
+    return zp_sched_placed_group(s, g).stride;
 }
 
 int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
@@ -668,29 +693,36 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
         .stride = dp_stride * local};
     /* Expert parallelism's subgroups of dp (zp_sched_graph.h): EP consecutive dp ranks, and
      * the dp / EP ranks EP apart that hold the same experts. */
-    const int ep = zp_plan_ep(&s->plan), edp = zp_plan_edp(&s->plan);
-    const gboolean whole = zp_plan_etp(&s->plan) == 1 && s->plan.mp > 1;
+    const int ep = zp_plan_ep(&s->plan), edp = zp_plan_edp(&s->plan), mp = s->plan.mp;
+    const gboolean whole = zp_plan_etp(&s->plan) == 1 && mp > 1;
     if (!whole) {
         out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = dp_stride};
         out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = edp, .stride = dp_stride * ep};
-    } else {
-        /* Whole experts (ETP 1): EP consecutive ranks of the stage's mp x dp grid and the
-         * ranks EP apart in it, strided runs without a pipeline (dp_stride is mp) or where
-         * EP is the tensor group (zp_plan_etp_check refuses the rest). */
+    } else if (ep % mp == 0) {
+        /* Whole experts (ETP 1), Megatron's expert grid over the stage's tensor x dp ranks
+         * (parallel_state.py, expert ranks tp-ep-dp): EP / mp whole tensor groups of
+         * consecutive dp ranks, runs where a pipeline parts them (one run without: dp_stride
+         * is mp), and the ranks EP apart in that grid, dp ranks EP / mp apart */
+        out[ZP_GROUP_EP] = zp_group_runs(mp, 1, ep / mp, dp_stride);
+        out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = edp, .stride = dp_stride * (ep / mp)};
+    } else if (mp % ep == 0) {
+        /* EP consecutive tensor ranks, and those EP apart in the tensor group of each dp rank */
         out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = 1};
-        out[ZP_GROUP_EDP] = stages == 1 ? (ZpCommGroup){.ranks = edp, .stride = ep}
-                                        : (ZpCommGroup){.ranks = edp, .stride = dp_stride};
+        out[ZP_GROUP_EDP] = zp_group_runs(mp / ep, ep, s->plan.dp, dp_stride);
+    } else {
+        /* neither (zp_plan_etp_check allows it without a pipeline only): EP consecutive ranks
+         * of the stage's grid, and the ranks EP apart in it */
+        out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = 1};
+        out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = edp, .stride = ep};
     }
     /* The all-gather dispatcher's TP x EP group (the expert tensor ranks of each EP rank: ETP
-     * EP ranks), a strided run where ETP = 1 (the EP group), EP = 1 (the TP group) or there
-     * is no pipeline (t EP consecutive ranks: dp_stride is t); zp_ep_dispatcher_check refuses
-     * the rest before a schedule is built. One rank under the all-to-all dispatcher. */
+     * EP ranks): the EP group where ETP = 1, else the tensor groups of EP consecutive dp
+     * ranks, runs where a pipeline parts them. One rank under the all-to-all dispatcher. */
     const gboolean gathers = s->plan.experts.dispatcher == ZP_DISPATCH_ALLGATHER;
     const int etp = zp_plan_etp(&s->plan);
-    out[ZP_GROUP_TPEP] =
-        !gathers  ? (ZpCommGroup){.ranks = 1, .stride = s->plan.mp == 1 ? dp_stride : 1}
-        : etp == 1 ? (ZpCommGroup){.ranks = ep, .stride = out[ZP_GROUP_EP].stride}
-                   : (ZpCommGroup){.ranks = etp * ep, .stride = 1};
+    out[ZP_GROUP_TPEP] = !gathers  ? (ZpCommGroup){.ranks = 1, .stride = mp == 1 ? dp_stride : 1}
+                         : etp == 1 ? out[ZP_GROUP_EP]
+                                    : zp_group_runs(etp, 1, ep, dp_stride);
     for (int g = 0; g < ZP_GROUP_N; g++)
         g_strlcpy(out[g].name, zp_sched_group_names[g], sizeof out->name);
     return ZP_GROUP_N;

@@ -114,9 +114,11 @@ double zp_sched_comm_bytes(const ZpSchedule *sched, ZpGroup group);
 /* The schedule's communicators into out, returning how many: its table, or dp (dp ranks mp
  * apart) and tp (mp consecutive ranks) when it has none. */
 int zp_sched_groups(const ZpSchedule *sched, ZpCommGroup out[ZP_SCHED_MAX_GROUPS]);
-/* How far apart group g's members sit in the world's order (the plan's ZpRankOrder; g's
- * stride counts zplan's ranks): under tp-dp-pp with stages, dp's groups (and their subgroups)
- * mp P times closer, the pipeline's mp dp apart; else g's stride. */
+/* Group g as its members sit in the world's order (the plan's ZpRankOrder; g counts zplan's
+ * ranks): under tp-dp-pp with stages, dp's groups (and their subgroups) mp P times closer,
+ * the pipeline's mp dp apart, and runs of tensor ranks of several dp ranks one run where they
+ * then abut (Megatron's expert groups); else g. zp_sched_placed_stride: its stride. */
+ZpCommGroup zp_sched_placed_group(const ZpSchedule *sched, const ZpCommGroup *g);
 int zp_sched_placed_stride(const ZpSchedule *sched, const ZpCommGroup *g);
 
 /* A mixture of experts under expert parallelism keeps each sparse block's routed experts out

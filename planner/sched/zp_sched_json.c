@@ -91,10 +91,15 @@ static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
         /* No pipeline, no ZeRO++ subgroup, no experts: none of those groups written (edp is
          * all of dp at EP 1). */
         if (g < ZP_GROUP_PP || g >= ZP_GROUP_N ||
-            (groups[g].ranks > 1 && (g != ZP_GROUP_EDP || groups[ZP_GROUP_EP].ranks > 1)))
-            json_array_append_new(a, json_pack("{s:s, s:i, s:i}", "name", groups[g].name,
-                                               "ranks", groups[g].ranks, "stride",
-                                               groups[g].stride));
+            (groups[g].ranks > 1 && (g != ZP_GROUP_EDP || groups[ZP_GROUP_EP].ranks > 1))) {
+            json_t *o = json_pack("{s:s, s:i, s:i}", "name", groups[g].name, "ranks",
+                                  groups[g].ranks, "stride", groups[g].stride);
+            if (zp_group_run(&groups[g]) < groups[g].ranks) { /* runs (zp_sched_graph.h) */
+                json_object_set_new(o, "run", json_integer(groups[g].run));
+                json_object_set_new(o, "run_stride", json_integer(groups[g].run_stride));
+            }
+            json_array_append_new(a, o);
+        }
     return a;
 }
 

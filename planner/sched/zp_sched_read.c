@@ -14,17 +14,21 @@
 static gboolean name_index(json_t *o, const char *what, const char *key,
                            const char *const *names, int *out, GError **error);
 
-/* One group of "groups": a name not yet taken, and ranks x stride dividing the world. */
+/* One group of "groups": a name not yet taken, and a shape that tiles the world (ranks x
+ * stride dividing it; with "run" and "run_stride", runs of run members: zp_group_tiles). */
 static gboolean group_from_json(json_t *g, const char *what, int64_t world, ZpCommGroup *table,
                                 int index, GError **error)
 {
-    static const char *const keys[] = {"name", "ranks", "stride", NULL};
+    static const char *const keys[] = {"name", "ranks", "stride", "run", "run_stride", NULL};
     const char *name = NULL;
-    int64_t ranks = 0, stride = 0;
+    int64_t ranks = 0, stride = 0, run = 0, run_stride = 0;
     gboolean ok = json_is_object(g) && zp_json_check_keys(g, what, keys, error) &&
                   zp_json_get_string(g, what, "name", TRUE, &name, error) &&
                   zp_json_get_int(g, what, "ranks", TRUE, 1, INT32_MAX, &ranks, error) &&
-                  zp_json_get_int(g, what, "stride", TRUE, 1, INT32_MAX, &stride, error);
+                  zp_json_get_int(g, what, "stride", TRUE, 1, INT32_MAX, &stride, error) &&
+                  zp_json_get_int(g, what, "run", FALSE, 1, INT32_MAX, &run, error) &&
+                  zp_json_get_int(g, what, "run_stride", run > 0, 1, INT32_MAX, &run_stride,
+                                  error);
     if (!ok) {
         if (error && !*error)
             g_set_error(error, ZP_ERROR, ZP_ERROR_KEY, "%s: must be an object", what);
@@ -41,14 +45,36 @@ static gboolean group_from_json(json_t *g, const char *what, int64_t world, ZpCo
                     name, problem);
         return FALSE;
     }
-    if (world % (ranks * stride) != 0) {
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                    "%s: %" G_GINT64_FORMAT " ranks %" G_GINT64_FORMAT " apart do not tile "
-                    "the world of %" G_GINT64_FORMAT " (ranks x stride must divide it)",
-                    what, ranks, stride, world);
+    const ZpCommGroup shape = {.ranks = (int)ranks, .stride = (int)stride, .run = (int)run,
+                               .run_stride = (int)run_stride};
+    if (run == 0 && run_stride > 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_KEY,
+                    "%s: key \"run_stride\" without \"run\" (the members per run)", what);
         return FALSE;
     }
-    table[index] = (ZpCommGroup){.ranks = (int)ranks, .stride = (int)stride};
+    if (run > 0 && (run < 2 || run >= ranks)) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: key \"run\": %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT " ranks (a "
+                    "run has more than 1 and fewer than the group's ranks; leave it out for one "
+                    "run)", what, run, ranks);
+        return FALSE;
+    }
+    if (run > 0 ? !zp_group_tiles(&shape, world) : world % (ranks * stride) != 0) {
+        if (run > 0)
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: %" G_GINT64_FORMAT " ranks in runs of %" G_GINT64_FORMAT " ranks %"
+                        G_GINT64_FORMAT " apart, the runs %" G_GINT64_FORMAT " apart, do not "
+                        "tile the world of %" G_GINT64_FORMAT " (run must divide ranks, "
+                        "run_stride be a multiple of run x stride, and run_stride x ranks / run "
+                        "divide the world)", what, ranks, run, stride, run_stride, world);
+        else
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                        "%s: %" G_GINT64_FORMAT " ranks %" G_GINT64_FORMAT " apart do not tile "
+                        "the world of %" G_GINT64_FORMAT " (ranks x stride must divide it)",
+                        what, ranks, stride, world);
+        return FALSE;
+    }
+    table[index] = shape;
     g_strlcpy(table[index].name, name, sizeof table->name);
     return TRUE;
 }

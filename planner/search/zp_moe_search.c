@@ -134,8 +134,9 @@ static double pass_s(const ZpSearchSpec *spec, const ZpEpGatherColl *c, int k, i
 /* The dispatcher's collectives per step of the whole model: the all-to-alls (zp_ep_alltoall),
  * or Megatron's allgather dispatcher's a sparse layer (zp_ep_gather_pass, the schedule's own
  * list), forward and backward and a recomputed forward's (full checkpointing) again, over the
- * group placed as zp_sched_groups lays it out (the expert tensor ranks of EP consecutive
- * ranks, one strided run; the EP group at TP 1). */
+ * group placed as zp_sched_groups lays it out and the plan's order places it (the expert
+ * tensor ranks of EP consecutive ranks, one run placed, pipeline or not: zp_sched_placed_group;
+ * the EP group at TP 1). */
 static double dispatch_s(const ZpSearchSpec *spec, const ZpPlan *p)
 {
     const ZpModel *m = spec->model;
@@ -208,10 +209,12 @@ static void judge(const ZpSearchSpec *spec, ZpMoeCandidate *c)
     const int dp_apart = (int)zp_plan_placed_dp_stride(p);
     group_s(spec, p, dense, p->dp, dp_apart, zp_impl_get(p->impl)->grad_collective(p),
             &dense_reduce, &dense_gather);
-    /* the expert-data-parallel group where zp_sched_groups lays it: EP dp ranks apart, or
-     * with whole experts EP ranks apart in the stage's TP x DP grid (dp ranks apart with a
-     * pipeline, where EP is the tensor group) */
-    const int edp_apart = zp_plan_etp(p) == 1 && p->mp > 1 ? (P > 1 ? dp_apart : ep)
+    /* the expert-data-parallel group where zp_sched_groups lays it and the plan's order
+     * places it: EP dp ranks apart, or with whole experts EP ranks apart in the stage's TP x
+     * DP grid (placed so under tp-dp-pp, with a pipeline too; under tp-pp-dp a pipeline has EP
+     * = TP, zp_plan_etp_check, and the group is dp) */
+    const gboolean tp_pp_dp = p->rank_order != ZP_ORDER_TP_DP_PP;
+    const int edp_apart = zp_plan_etp(p) == 1 && p->mp > 1 ? (P > 1 && tp_pp_dp ? dp_apart : ep)
                                                              : dp_apart * ep;
     group_s(spec, p, experts, zp_plan_edp(p), edp_apart, zp_impl_expert_grad_collective(p),
             &expert_reduce, &expert_gather);
@@ -283,7 +286,7 @@ static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, GArray *out)
 
 /* Every EP degree and stage at one TP degree and pipeline: the experts split over TP (EP
  * dividing dp), and under --impl megatron over TP > 1 whole on each rank too (ETP 1: EP
- * dividing TP x DP, where zp_plan_etp_check lays the groups out). */
+ * dividing TP x DP, and with a pipeline a multiple or a divisor of TP: zp_plan_etp_check). */
 static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, double skew,
                         double capacity_factor, GArray *out)
 {

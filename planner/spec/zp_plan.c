@@ -319,11 +319,11 @@ gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError *
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: allgather is Megatron-Core's "
                     "dispatcher (--impl megatron); %s's experts take the all-to-all", flag,
                     zp_impl_name(plan->impl));
-    else if (zp_plan_etp(plan) > 1 && ep > 1 && pp > 1)
+    else if (zp_plan_etp(plan) > 1 && ep > 1 && pp > 1 && plan->rank_order != ZP_ORDER_TP_DP_PP)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: allgather over TP %d x EP %d with a "
-                    "pipeline of %d stages is not modeled: zplan lays the TP x EP group out "
-                    "without a pipeline, or with TP 1, EP 1 or whole experts (alltoall is)", flag, plan->mp, ep,
-                    pp);
+                    "pipeline of %d stages under the tp-pp-dp order is not modeled: its TP x EP "
+                    "group is not one run of ranks on the nodes (Megatron's default tp-dp-pp "
+                    "order is)", flag, plan->mp, ep, pp);
     else
         return TRUE;
     return FALSE;
@@ -341,11 +341,18 @@ gboolean zp_plan_etp_check(const ZpPlan *plan, const char *flag, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 is Megatron-Core's "
                     "--expert-tensor-parallel-size (--impl megatron); %s's experts are timed "
                     "split over TP", flag, zp_impl_name(plan->impl));
-    else if (zp_plan_pp(plan) > 1 && zp_plan_ep(plan) != plan->mp)
+    else if (zp_plan_pp(plan) > 1 && zp_plan_ep(plan) % plan->mp != 0 &&
+             plan->mp % zp_plan_ep(plan) != 0)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 with a pipeline of %d stages "
-                    "needs EP = TP (%d, not %d): zplan lays the EP group out across the tensor "
-                    "ranks only without a pipeline or as the tensor group", flag,
+                    "needs EP a multiple or a divisor of TP (%d, not %d): zplan lays the "
+                    "expert groups out over whole tensor groups or inside one", flag,
                     zp_plan_pp(plan), plan->mp, zp_plan_ep(plan));
+    else if (zp_plan_pp(plan) > 1 && zp_plan_ep(plan) != plan->mp &&
+             plan->rank_order != ZP_ORDER_TP_DP_PP)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 with a pipeline of %d stages and "
+                    "EP %d over TP %d under the tp-pp-dp order is not modeled: its expert "
+                    "groups are not runs of ranks on the nodes (Megatron's default tp-dp-pp "
+                    "order is)", flag, zp_plan_pp(plan), zp_plan_ep(plan), plan->mp);
     else
         return TRUE;
     return FALSE;

@@ -415,14 +415,16 @@ const char *zp_partition_name(ZpPartition partition);
 /* "tp-dp-pp" or "tp-pp-dp" (ZpRankOrder). */
 const char *zp_rank_order_name(ZpRankOrder order);
 const char *zp_dispatcher_name(ZpDispatcher dispatcher);
-/* The all-gather dispatcher is Megatron-Core's (--impl megatron), and zplan lays its ETP x EP
- * group out as one strided run of its ranks only with ETP 1 (the EP group), EP 1 or no
- * pipeline (ZP_GROUP_TPEP); else one line naming `flag`. TRUE for the all-to-all. */
+/* The all-gather dispatcher is Megatron-Core's (--impl megatron); its ETP x EP group under a
+ * pipeline (ETP tensor ranks of each of EP dp ranks: runs, zp_sched_graph.h) is one run of
+ * ranks on the nodes only under the tp-dp-pp order, which zplan's placement needs; else one
+ * line naming `flag`. TRUE for the all-to-all. */
 gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError **error);
 /* Expert tensor parallelism: the TP degree (the default) or 1, and 1 under TP > 1 only for
- * Megatron-Core (--impl megatron) where zplan lays its EP and expert-data-parallel groups out
- * as strided runs of its ranks: without a pipeline, or with EP = TP; else one line naming
- * `flag`. EP's divisibility is zp_ep_check's. */
+ * Megatron-Core (--impl megatron); with a pipeline, EP a multiple or a divisor of TP (its
+ * groups whole tensor groups of EP / TP dp ranks, or EP tensor ranks of one), and unless EP is
+ * TP, the tp-dp-pp order (where those groups are runs of ranks on the nodes); else one line
+ * naming `flag`. EP's divisibility is zp_ep_check's. */
 gboolean zp_plan_etp_check(const ZpPlan *plan, const char *flag, GError **error);
 /* "alltoall" or "allgather" (Megatron's names) into *out; else one line naming `flag`. */
 gboolean zp_dispatcher_parse(const char *text, const char *flag, ZpDispatcher *out,
