@@ -361,9 +361,9 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
                ? "TP > 1 runs with sequence parallelism, as Megatron-Core trains a mixture of "
                  "experts, its experts split over TP or whole (ETP 1).\n"
            : spec->impl == ZP_IMPL_DEEPSPEED && spec->mp != 1
-               ? "TP > 1 is timed with the experts split over TP as Megatron-Core splits them; "
-                 "DeepSpeed by default keeps\nwhole experts on each tensor rank, which zplan "
-                 "does not model (simulate's note says how).\n"
+               ? "TP > 1 keeps DeepSpeed's whole experts on each tensor rank, EP across the "
+                 "tensor ranks, each rank\ndispatching 1/TP of the slots and the combined "
+                 "slots all-gathered over TP (sharded_moe.py).\n"
                : "");
     print_header();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)

@@ -69,23 +69,6 @@ void cli_note_inert_features(const ZpModel *model, const ZpPlan *plan)
                  "--sequence-parallel (megatron/core/transformer/moe/moe_layer.py MoELayer.forward "
                  "raises): simulated as given, every tensor rank routing the whole sequence.",
                  plan->mp);
-    /* DeepSpeed's mixture of experts under tensor parallelism is not what zplan times there
-     * (Megatron-Core's experts split over TP without sequence parallelism: every tensor rank
-     * routes and all-to-alls all its tokens, the experts' partial outputs summed over TP).
-     * DeepSpeed keeps whole experts on each tensor rank: deepspeed.moe.layer.MoE by default
-     * (enable_expert_tensor_parallelism=False; EP groups of consecutive ranks across the
-     * tensor ranks, groups._create_expert_and_data_parallel without mp_size; sharded_moe.py
-     * MOELayer.forward drops the duplicate tokens over TP before the all-to-all and gathers
-     * them after the combine), and AutoEP folds its EP groups over the tensor ranks
-     * (module_inject/auto_ep_folding.py: "Routed experts are not TP-replicated"). Said, not
-     * modeled. */
-    if (plan->impl == ZP_IMPL_DEEPSPEED && zp_moe_enabled(&model->moe) && plan->mp > 1)
-        cli_note("DeepSpeed's mixture of experts over TP %d is timed as Megatron-Core splits "
-                 "experts over TP without sequence parallelism (each tensor rank dispatching "
-                 "every token); DeepSpeed by default keeps whole experts on each tensor rank, its "
-                 "MoE layer dispatching 1/%d of the tokens a rank (sharded_moe.py drop_tokens) and "
-                 "AutoEP folding its EP groups over the tensor ranks, which zplan does not "
-                 "model.", plan->mp, plan->mp);
     if (plan->zero.stage == 3 && plan->zero.zero_quantized_gradients &&
         zp_impl_get(plan->impl)->qgz_by_tensor && !zp_zeropp_qgz_across_nodes(plan))
         cli_note("zero_quantized_gradients (qgZ) does nothing here: DeepSpeed quantises "

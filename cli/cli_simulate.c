@@ -479,6 +479,10 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
         zp_plan_etp(plan) * zp_plan_ep(plan) > 1)
         cli_default_taken("--moe-dispatcher", "the alltoall dispatcher (Megatron-Core's own "
                           "default is allgather)");
+    if (!f->expert_tp && plan->impl == ZP_IMPL_DEEPSPEED && zp_moe_enabled(&model->moe) &&
+        plan->mp > 1)
+        cli_default_taken("--expert-tp", "whole experts on each tensor rank, each rank "
+                          "dispatching 1/%d of the slots (DeepSpeed's default)", plan->mp);
     zp_impl_plan_defaults(plan); /* the implementation's own, before the flags that say more */
     const gboolean ok =
         overlap_flag(f, &plan->zero, error) && zero_size_flags(f, plan, error) &&
@@ -789,7 +793,7 @@ static void plan_entries(SimulateFlags *f, GOptionEntry out[56])
         {"impl", 0, 0, G_OPTION_ARG_STRING, &f->impl, "Whose ZeRO: deepspeed (default: DeepSpeed v0.19.6 as its source does it), fsdp (PyTorch FSDP), paper (the ZeRO paper's volumes), megatron (Megatron-Core's DDP and distributed optimizer: stages 0 and 1) or fsdp2 (PyTorch's fully_shard: stage 3 reshards after forward, stage 2 does not)", "I"},
         CLI_PIPE_ENTRIES(&f->pipe),
         CLI_MOE_ENTRIES(&f->ep, &f->capacity_factor, &f->expert_skew),
-        {"expert-tp", 0, 0, G_OPTION_ARG_STRING, &f->expert_tp, "A mixture of experts under --impl megatron: the ranks each expert is split over, the TP degree (default) or 1 (whole experts on each rank, the expert-parallel group taken from the tensor and data-parallel ranks: Megatron-Core's --expert-tensor-parallel-size)", "N"},
+        {"expert-tp", 0, 0, G_OPTION_ARG_STRING, &f->expert_tp, "A mixture of experts over TP > 1: the ranks each expert is split over, the TP degree (--impl megatron's default) or 1 (whole experts on each rank, the expert-parallel group taken from the tensor and data-parallel ranks: Megatron-Core's --expert-tensor-parallel-size 1, and DeepSpeed's default, the only one modeled under --impl deepspeed)", "N"},
         {"moe-dispatcher", 0, 0, G_OPTION_ARG_STRING, &f->moe_dispatcher, "A mixture of experts under --impl megatron: alltoall (default) or allgather (Megatron-Core's default --moe-token-dispatcher-type: each rank gathers every token of its TP x EP group, its experts' outputs are reduce-scattered back)", "D"},
         CLI_OFFLOAD_ENTRIES(&f->offload_optimizer, &f->offload_param, &f->nvme_path),
         CLI_OFFLOAD_TUNING_ENTRIES(&f->tuning),

@@ -314,8 +314,8 @@ static void test_moe(void)
          "--expert-tensor-parallel-size 1 --expert-model-parallel-size 8 "
          "--moe-token-dispatcher-type alltoall --pipeline-model-parallel-size 2 "
          "--use-tp-pp-dp-mapping",
-         "--expert-tensor-parallel-size: 1 with a pipeline of 2 stages and EP 8 over TP 2 under "
-         "the tp-pp-dp order is not modeled"},
+         "--expert-tensor-parallel-size: whole experts (1) with a pipeline of 2 stages and EP 8 "
+         "over TP 2 under the tp-pp-dp order are not modeled"},
         {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel "
          "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
          "--use-tp-pp-dp-mapping",

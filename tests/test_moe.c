@@ -424,8 +424,12 @@ static void test_ep_refusals(void)
     static const struct {
         const char *args, *message;
     } cli[] = {
-        {"memory --model hf/mixtral-8x7b --gpus 32 --mp 8 --ep 8",
+        /* Megatron splits experts over TP, EP over dp; DeepSpeed keeps them whole, EP over
+         * a stage's TP x DP ranks */
+        {"memory --model hf/mixtral-8x7b --gpus 32 --mp 8 --ep 8 --impl megatron",
          "--ep: 8 does not divide the data-parallel degree 4"},
+        {"memory --model hf/mixtral-8x7b --gpus 4 --mp 2 --ep 8",
+         "--ep: 8 does not divide the 4 ranks of a stage (TP 2 x DP 2"},
         {"memory --model hf/mixtral-8x7b --gpus 64 --ep 3",
          "--ep: 3 does not divide the 8 experts"},
         {"memory --model hf/mixtral-8x7b --gpus 64 --ep 0", "--ep"},
@@ -467,15 +471,30 @@ static void test_ep_refusals(void)
     }
 }
 
-/* `zplan memory` on Mixtral-8x7B at 64 GPUs, TP 8, EP 8: each rank holds one expert of each
- * layer, 32 x 176,160,768 / 8 = 704,643,072 elements, whose 16 bytes each (over an expert
- * data-parallel group of 1) are the expert states at every stage. */
+/* `zplan memory` on Mixtral-8x7B at 64 GPUs, TP 8, EP 8, experts split over TP (the paper's
+ * layout, Megatron's default): each rank holds one expert of each layer split 8 ways,
+ * 32 x 176,160,768 / 8 = 704,643,072 elements, whose 16 bytes each (over an expert
+ * data-parallel group of 1) are the expert states at every stage. DeepSpeed keeps experts
+ * whole (zp_plan_etp): its EP group 8 consecutive ranks across the tensor group, each rank one
+ * whole expert of each layer, 8 times as many elements, over an expert data-parallel group of
+ * 8 (64 / 8): 8 x the expert states at stage 0, the same at stage 3. */
 static void test_memory_mixtral(void)
 {
-    json_t *root = tu_zplan_json("memory --model hf/mixtral-8x7b --gpus 64 --mp 8 --ep 8 --json");
-    json_t *row = json_array_get(json_object_get(root, "rows"), 0);
     const double dense = (46702792704.0 - 32 * 8 * 176160768.0) / 8;
     const double expert = 32 * 176160768.0 / 8;
+    json_t *ds = tu_zplan_json("memory --model hf/mixtral-8x7b --gpus 64 --mp 8 --ep 8 --json");
+    json_t *whole = json_array_get(json_object_get(ds, "rows"), 0);
+    g_assert_cmpfloat_with_epsilon(json_number_value(json_object_get(whole, "stage0")),
+                                   16 * (dense + 8 * expert), 1);
+    g_assert_cmpfloat_with_epsilon(json_number_value(json_object_get(whole, "stage3")),
+                                   16 * dense / 8 + 16 * expert, 1);
+    g_assert_cmpfloat(json_number_value(json_object_get(json_object_get(whole, "moe"),
+                                                        "expert_params_per_rank")),
+                      ==, 8 * expert);
+    json_decref(ds);
+    json_t *root =
+        tu_zplan_json("memory --model hf/mixtral-8x7b --gpus 64 --mp 8 --ep 8 --impl paper --json");
+    json_t *row = json_array_get(json_object_get(root, "rows"), 0);
     g_assert_cmpfloat_with_epsilon(json_number_value(json_object_get(row, "stage0")),
                                    16 * (dense + expert), 1);
     g_assert_cmpfloat_with_epsilon(json_number_value(json_object_get(row, "stage3")),
@@ -524,7 +543,8 @@ static void test_mla_activations(void)
 
 /* plan's search for a mixture of experts (Mixtral-8x7B, 64 H100s, 512 x 4096 tokens a step):
  * every candidate a plan the rules allow, judged consistently; the fitting first, fastest
- * first; the skew slows every plan; the all-to-all costs only where EP > 1. */
+ * first; the skew slows every plan; the all-to-all costs only where EP > 1 (DeepSpeed's
+ * all-gathers of the dropped slots over TP count with the tensor group's collectives). */
 static void test_search_mixtral(void)
 {
     ZpModel m;
@@ -545,7 +565,8 @@ static void test_search_mixtral(void)
         const ZpPlan *p = &x->plan;
         g_assert_cmpint(p->dp * p->mp * zp_plan_pp(p), ==, 64);
         g_assert_cmpint(8 % zp_plan_ep(p), ==, 0);
-        g_assert_cmpint(p->dp % zp_plan_ep(p), ==, 0);
+        /* EP from dp, or with DeepSpeed's whole experts over TP from a stage's TP x DP */
+        g_assert_cmpint((zp_plan_etp(p) == 1 ? p->mp * p->dp : p->dp) % zp_plan_ep(p), ==, 0);
         g_assert_cmpint(8 % p->mp, ==, 0);
         g_assert_cmpint((int64_t)p->dp * p->micro_batch * p->grad_accum, ==, 512);
         g_assert_true(zp_ep_check(&m, p, "--ep", NULL));

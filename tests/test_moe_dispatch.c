@@ -383,8 +383,10 @@ static void test_whole_experts(void)
     /* Over a pipeline of 2 (mp 2 x pp 2 x dp 2, a dp rank mp P = 4 apart): EP 2, the tensor
      * group, and the dp ranks; EP 4, the tensor ranks of both dp ranks (runs of 2, 4 apart)
      * and one rank; at mp 4 x dp 2 (8 apart), EP 2 inside the tensor group and the ranks 2
-     * apart in the tensor groups of both dp ranks (runs of 2, 8 apart); EP 4 under tp-pp-dp,
-     * outside Megatron and an ETP other than 1 and mp refused, naming the field. */
+     * apart in the tensor groups of both dp ranks (runs of 2, 8 apart); without a pipeline
+     * DeepSpeed's whole experts as Megatron's (its default); EP 4 under tp-pp-dp, DeepSpeed's
+     * split experts, the paper's whole ones and an ETP other than 1 and mp refused, naming the
+     * field. */
     const struct {
         int pp, mp, ep, etp;
         ZpImplKind impl;
@@ -397,8 +399,13 @@ static void test_whole_experts(void)
         {2, 2, 4, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 4, 1, 2, 4}, {"", 1, 8, 0, 0}, NULL},
         {2, 4, 2, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 2, 1, 0, 0}, {"", 4, 2, 2, 8}, NULL},
         {2, 2, 4, 1, ZP_IMPL_MEGATRON, ZP_ORDER_TP_PP_DP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
-         "experts.etp: 1 with a pipeline of 2 stages and EP 4 over TP 2 under the tp-pp-dp order"},
-        {1, 2, 4, 1, ZP_IMPL_DEEPSPEED, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
+         "experts.etp: whole experts (1) with a pipeline of 2 stages and EP 4 over TP 2 under "
+         "the tp-pp-dp order"},
+        {1, 2, 4, 1, ZP_IMPL_DEEPSPEED, ZP_ORDER_TP_DP_PP, {"", 4, 1, 0, 0}, {"", 1, 4, 0, 0},
+         NULL},
+        {1, 2, 4, 2, ZP_IMPL_DEEPSPEED, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
+         "experts.etp: 2: DeepSpeed's experts split over TP"},
+        {1, 2, 4, 1, ZP_IMPL_PAPER, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
          "experts.etp: 1 is Megatron-Core's"},
         {1, 2, 2, 3, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
          "experts.etp: 3: experts split over the TP degree (2)"},
@@ -407,7 +414,7 @@ static void test_whole_experts(void)
         ZpPlan q;
         zp_plan_defaults(&q, 1, shapes[k].pp == 1 ? 2 : 1, shapes[k].mp);
         q.impl = shapes[k].impl, q.precision = ZP_PREC_BF16, q.micro_batch = 2;
-        q.sequence_parallel = TRUE, q.grad_accum = 4;
+        q.sequence_parallel = shapes[k].impl == ZP_IMPL_MEGATRON, q.grad_accum = 4;
         q.pipe.stages = shapes[k].pp, q.rank_order = shapes[k].order;
         q.experts.ep = shapes[k].ep, q.experts.etp = shapes[k].etp;
         if (shapes[k].pp > 1) /* mp x pp 2 x dp 2 */
@@ -445,7 +452,8 @@ static void test_whole_experts(void)
  * placement says: a graph's all-reduce over the runs {0, 1, 8, 9} of 16 ranks takes what one
  * over {0, 4, 8, 12} takes (both: 2 nodes, 4 groups on a node), and one over {0, 1, 2, 3}
  * less; and the schedule file writes the runs and reads them back, refusing a bad run. */
-static void check_folded_is_explicit(const ZpModel *m, const ZpPlan *p, const ZpHw *hw)
+static void check_folded_is_explicit(const ZpModel *m, const ZpPlan *p, const ZpHw *hw,
+                                     int folded_ranks)
 {
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(m, p, &error);
@@ -456,8 +464,8 @@ static void check_folded_is_explicit(const ZpModel *m, const ZpPlan *p, const Zp
         r[e] = sim_engine_run(s, hw, &options, &error);
         g_assert_no_error(error);
     }
-    g_assert_cmpint(r[0]->ranks_simulated, ==, 2);
-    g_assert_cmpint(r[1]->ranks_simulated, ==, 8);
+    g_assert_cmpint(r[0]->ranks_simulated, ==, folded_ranks);
+    g_assert_cmpint(r[1]->ranks_simulated, ==, s->world);
     g_assert_cmpfloat(r[0]->step_time_s, ==, r[1]->step_time_s);
     g_assert_cmpfloat(r[0]->peak_memory_bytes, ==, r[1]->peak_memory_bytes);
     g_assert_cmpfloat(r[0]->alltoall_s, ==, r[1]->alltoall_s);
@@ -518,11 +526,11 @@ static void test_expert_runs(void)
     p.sequence_parallel = TRUE, p.grad_accum = 4, p.pipe.stages = 2;
     p.experts.ep = 4, p.experts.etp = 1;
     zp_impl_plan_defaults(&p);
-    check_folded_is_explicit(&m, &p, &hw);
+    check_folded_is_explicit(&m, &p, &hw, 2);
     p.experts.dispatcher = ZP_DISPATCH_ALLGATHER;
-    check_folded_is_explicit(&m, &p, &hw);
+    check_folded_is_explicit(&m, &p, &hw, 2);
     p.experts.ep = 2, p.experts.etp = 0;
-    check_folded_is_explicit(&m, &p, &hw);
+    check_folded_is_explicit(&m, &p, &hw, 2);
     /* the file: runs written and read back, by both readers */
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&m, &p, &error);
@@ -536,7 +544,8 @@ static void test_expert_runs(void)
     g_assert_nonnull(strstr(text, "\"run_stride\": 4"));
     g_free(text);
     for (int graph = 0; graph < 2; graph++) {
-        ZpSchedule *t = graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
+        ZpSchedule *t =
+            graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
         g_assert_no_error(error);
         tu_assert_same_groups(s, t);
         zp_sched_free(t);
@@ -564,6 +573,112 @@ static void test_expert_runs(void)
                                    "\"run_stride\": 8}", &hw), ==, -1);
 }
 
+/* DeepSpeed's mixture of experts over TP 2 (deepspeed.moe.layer.MoE's defaults: whole
+ * experts, enable_expert_tensor_parallelism False; EP groups of consecutive ranks across the
+ * tensor ranks, groups._create_expert_and_data_parallel without mp_size; sharded_moe.py
+ * MOELayer.forward drops the tensor ranks' duplicate tokens before the all-to-all and
+ * all-gathers the combined slots over TP after it) on the 2-layer MoE (h 64, E 4, top 2,
+ * f_e 32, both layers sparse) at mp 2 x dp 2, EP 4, micro-batch 2, capacity factor 1, by hand:
+ * - every tensor rank routes the whole T = 32 tokens: capacity ceil(32 x 2 / 4) = 16 slots an
+ *   expert, of which a rank keeps 8: R = 4 x 8 = 32 slots, each all-to-all 32 x 64 x 2 = 4,096
+ *   bytes (at TP 1, dp 4: all 64, 8,192);
+ * - the combined slots all-gathered over TP after the combine's all-to-all, and backward the
+ *   dispatched slots' gradients after the dispatch's: 2 x 4,096 = 8,192 bytes, 2 a sparse
+ *   block, 4 in all; the block keeps the attention's all-reduce alone (the experts' outputs
+ *   come back whole): 1 forward, 1 backward;
+ * - whole experts on the 32 slots: 2 x 32 x (64 x 64 + 32 x 64) = 393,216 FLOPs an expert op,
+ *   the rank's one expert of each layer whole, 2 x 6,144 = 12,288 expert elements, its
+ *   expert-data-parallel group 1 rank; the schedule file reads back;
+ * - folded (one rank) equals every rank simulated; simulate says DeepSpeed's default in its
+ *   Defaults line; and refuses what it does not model, naming the key: sequence parallelism
+ *   (nothing duplicate to drop), slots TP does not divide, DeepSpeed's split experts. */
+static void test_deepspeed_whole_experts(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    const ZpHw hw = tu_load_hw("dgx-h100");
+    for (int t = 1; t <= 2; t++) {
+        ZpPlan p;
+        zp_plan_defaults(&p, 1, 4 / t, t);
+        p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+        p.experts.ep = 4, p.experts.capacity_factor = 1;
+        zp_impl_plan_defaults(&p);
+        g_assert_cmpint(zp_plan_etp(&p), ==, 1);
+        g_assert_cmpint(zp_ep_tp_drop(&p), ==, t);
+        GError *error = NULL;
+        ZpSchedule *s = zp_sched_build(&m, &p, &error);
+        g_assert_no_error(error);
+        g_assert_cmpuint(expert_fwd_ops(s, 393216.0 * 2 / t), ==, 2);
+        guint a2a = 0, regathers = 0, sums = 0;
+        for (guint i = 0; i < s->ops->len; i++) {
+            const ZpOp *op = zp_sched_op(s, i);
+            if (op->kind != ZP_OP_COLLECTIVE)
+                continue;
+            if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE) {
+                a2a++;
+                g_assert_cmpfloat(op->bytes, ==, 8192.0 / t);
+            } else if (op->group == ZP_GROUP_TP && op->sub == ZP_COLL_ALLGATHER &&
+                       op->unit >= 1 && op->unit <= 2) {
+                regathers++;
+                g_assert_cmpfloat(op->bytes, ==, 8192);
+            } else if (op->group == ZP_GROUP_TP && op->sub == ZP_COLL_ALLREDUCE &&
+                       op->unit >= 1 && op->unit <= 2) {
+                sums++;
+            }
+        }
+        g_test_message("TP %d: %u all-to-alls, %u all-gathers of the slots, %u block sums", t,
+                       a2a, regathers, sums);
+        g_assert_cmpuint(a2a, ==, 8);
+        g_assert_cmpuint(regathers, ==, t == 2 ? 4 : 0);
+        g_assert_cmpuint(sums, ==, t == 2 ? 4 : 0);
+        g_assert_cmpuint(zp_sched_experts(s).total_elems, ==, 12288);
+        ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+        zp_sched_groups(s, groups);
+        g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, 4);
+        g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 1);
+        g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 1);
+        /* the file reads back (its ops checked against the plan's) */
+        char *dir = NULL;
+        char *path = tu_tmp_file("ds-whole", "sched.json", &dir);
+        g_assert_true(zp_sched_write_json(s, path, &error));
+        ZpSchedule *back = zp_sched_read_json(path, &error);
+        g_assert_no_error(error);
+        tu_assert_same_groups(s, back);
+        zp_sched_free(back);
+        tu_tmp_file_remove(path, dir);
+        zp_sched_free(s);
+        check_folded_is_explicit(&m, &p, &hw, 1);
+    }
+    const char *common = "simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 16 --mp 2 "
+                         "--ep 8 --stage 1 --micro-batch 1 --precision bf16";
+    char *args = g_strdup_printf("%s --seq 512", common);
+    TuRun run = tu_zplan(args);
+    g_assert_cmpint(run.status, ==, 0);
+    g_assert_nonnull(strstr(run.out, "whole experts on each tensor rank, each rank dispatching "
+                                     "1/2 of the slots (DeepSpeed's default)"));
+    g_assert_null(strstr(run.out, "which zplan does not model"));
+    tu_free(&run);
+    g_free(args);
+    const struct {
+        const char *flags, *says;
+    } refused[] = {
+        {"--seq 512 --sequence-parallel", "sequence_parallel: DeepSpeed's mixture of experts "
+                                          "over TP 2 drops the tensor ranks' duplicate tokens"},
+        {"--seq 1004 --capacity-factor 1", "capacity_factor: 1 gives each expert 251 slots"},
+        {"--seq 512 --expert-tp 2", "--expert-tp: 2: DeepSpeed's experts split over TP"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(refused); i++) {
+        args = g_strdup_printf("%s %s", common, refused[i].flags);
+        run = tu_zplan(args);
+        g_test_message("%s -> %s", args, run.err);
+        g_assert_true(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 1);
+        g_assert_nonnull(strstr(run.err, refused[i].says));
+        g_assert_cmpstr(run.out, ==, "");
+        tu_free(&run);
+        g_free(args);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -571,5 +686,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-dispatch/allgather-dispatcher", test_allgather_dispatcher);
     g_test_add_func("/moe-dispatch/whole-experts", test_whole_experts);
     g_test_add_func("/moe-dispatch/expert-runs", test_expert_runs);
+    g_test_add_func("/moe-dispatch/deepspeed-whole-experts", test_deepspeed_whole_experts);
     return g_test_run();
 }

@@ -687,11 +687,13 @@ static const struct {
     /* Proofs whose shift repeated with no room left in the short schedule (its drain came
      * first), built short once more by a period fewer (SimResult.extend_room): bloom-176b's 70
      * blocks over 40 stages with tp 2 repeat every micro-step (k 210 -> 209); deepseek-v3's 61
-     * over 16 with tp 8 every 12, not the 13 of its heavy stages (k 702 -> 684). Each ran its
-     * whole schedule before. */
+     * over 16 with tp 8 every 12, not the 13 of its heavy stages (k 702 -> 684), its experts
+     * split over TP (the paper's layout: DeepSpeed's whole experts at EP 1 do not fit). Each
+     * ran its whole schedule before. */
     {"--model bloom-176b --gpus 80 --mp 2 --pp 40 --stage 0 --grad-accum 384 --checkpoint", 209,
      209},
-    {"--model hf/deepseek-v3 --gpus 256 --mp 8 --pp 16 --stage 1 --grad-accum 768 --checkpoint",
+    {"--model hf/deepseek-v3 --gpus 256 --mp 8 --pp 16 --stage 1 --grad-accum 768 --checkpoint "
+     "--impl paper",
      684, 684},
     {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --explicit", 0, 0},
     {"--model gpt-13b --gpus 32 --stage 1 --pp 8 --grad-accum 128 --slow-rank 3:1.5", 0, 0},

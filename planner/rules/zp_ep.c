@@ -91,12 +91,14 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
     a->tokens = (double)plan->micro_batch * (double)model->seq_len /
                 (plan->sequence_parallel ? plan->mp : 1);
     a->routed_tokens = a->tokens * (double)moe->top_k;
+    /* DeepSpeed over TP: each tensor rank dispatches its 1/t of every expert's slots */
+    const double drop = zp_ep_tp_drop(plan);
     if (plan->experts.capacity_factor > 0) {
         a->expert_capacity =
             ceil(a->routed_tokens / (double)moe->experts * plan->experts.capacity_factor);
-        a->received_tokens = (double)moe->experts * a->expert_capacity;
+        a->received_tokens = (double)moe->experts * a->expert_capacity / drop;
     } else {
-        a->received_tokens = a->routed_tokens * zp_plan_expert_skew(plan);
+        a->received_tokens = a->routed_tokens * zp_plan_expert_skew(plan) / drop;
     }
     if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
         /* MoEAllGatherTokenDispatcher.token_dispatch gathers the T tokens of each of the
@@ -125,6 +127,36 @@ int zp_ep_tp_gather(const ZpPlan *plan)
                    zp_plan_etp(plan) > 1
                ? zp_plan_etp(plan)
                : 1;
+}
+
+int zp_ep_tp_drop(const ZpPlan *plan)
+{
+    return plan->impl == ZP_IMPL_DEEPSPEED && plan->mp > 1 && zp_plan_etp(plan) == 1 ? plan->mp
+                                                                                     : 1;
+}
+
+gboolean zp_ep_drop_check(const ZpModel *model, const ZpPlan *plan, GError **error)
+{
+    const int t = zp_ep_tp_drop(plan);
+    if (t == 1 || !zp_moe_enabled(&model->moe))
+        return TRUE;
+    if (plan->sequence_parallel) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "sequence_parallel: DeepSpeed's mixture "
+                    "of experts over TP %d drops the tensor ranks' duplicate tokens "
+                    "(sharded_moe.py drop_tokens), which sequence parallelism does not have: "
+                    "not modeled (%s)", t, model->name);
+        return FALSE;
+    }
+    ZpEpActivations a = {0};
+    route(model, plan, &a);
+    if (plan->experts.capacity_factor > 0 && fmod(a.expert_capacity, t) != 0) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "capacity_factor: %g gives each expert "
+                    "%.0f slots a micro-batch, which DeepSpeed's drop_tokens cannot split over "
+                    "TP %d (mappings.py _drop_tokens asserts it divides them) (%s)",
+                    plan->experts.capacity_factor, a.expert_capacity, t, model->name);
+        return FALSE;
+    }
+    return TRUE;
 }
 
 /* The experts' outputs come back summed over the tensor ranks (the expert tensor group's
@@ -188,10 +220,14 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
      * buffer is the padded [E, capacity, h] itself, R rows as the receive buffer (DeepSpeed's
      * sharded_moe.py MOELayer.forward: dispatched_input = einsum("sec,sm->ecm") is what
      * _AllToAll sends, its output the same shape). */
-    const double sent = plan->experts.capacity_factor > 0 ? a.received_tokens : a.routed_tokens;
+    const double sent = plan->experts.capacity_factor > 0
+                            ? a.received_tokens
+                            : a.routed_tokens / zp_ep_tp_drop(plan);
     const double gathered = zp_ep_tp_gather(plan) > 1 ? a.expert_tokens : 0.0;
     a.dispatch_bytes = (sent + a.received_tokens + gathered) * h * e;
     a.combine_bytes = a.dispatch_bytes;
+    if (zp_ep_tp_drop(plan) > 1)
+        a.regathered_bytes = zp_ep_tp_drop(plan) * a.received_tokens * h * e;
     if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
         /* MoEAllGatherTokenDispatcher: the gathered tokens, probabilities (the logits' dtype)
          * and boolean routing map, then permute's copies for the experts; back, the experts'

@@ -55,6 +55,9 @@ typedef struct {
                               * the ETP x EP group's tokens) */
     double gathered_tokens;  /* G = ETP EP T: the ETP x EP group's tokens the all-gather
                               * dispatcher gathers to each rank; 0 under the all-to-all */
+    double regathered_bytes; /* DeepSpeed's all-gather over TP of the slots its ranks dropped
+                              * (zp_ep_tp_drop t > 1): t R h e, every slot of every expert; 0
+                              * elsewhere */
     double router_bytes;     /* fp32 router probabilities [T, E] and int64 top-k indices [T, k] */
     double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e, or
                               * 2 R h e with a capacity factor (the send buffer padded too),
@@ -81,6 +84,19 @@ typedef struct {
  * what they received; the all-gather dispatcher's TP x EP gather spans the expert tensor
  * group itself). */
 int zp_ep_tp_gather(const ZpPlan *plan);
+
+/* t where DeepSpeed's MoE layer drops the tensor ranks' duplicate tokens (sharded_moe.py
+ * MOELayer.forward: with TP > 1 and whole experts every tensor rank holds the whole sequence,
+ * and drop_tokens keeps 1/t of each expert's slots before the all-to-all; after the combine's
+ * all-to-all gather_tokens all-gathers them over TP for the combine, and backward the drop's
+ * backward all-gathers the dispatched slots' gradients): DeepSpeed's whole experts (zp_plan_etp
+ * 1) over TP t > 1; else 1. R then counts the rank's 1/t. */
+int zp_ep_tp_drop(const ZpPlan *plan);
+/* What that drop needs: the duplicate tokens it drops (no sequence parallelism, whose tensor
+ * ranks hold their own tokens: DeepSpeed's MoE layer does not know it and would drop them
+ * too), and with a capacity factor each expert's slots a multiple of t (mappings.py
+ * _drop_tokens asserts it); else one line naming the key. TRUE where nothing drops. */
+gboolean zp_ep_drop_check(const ZpModel *model, const ZpPlan *plan, GError **error);
 
 /* Whether a sparse block's MLP ends in a tensor-parallel sum (Megatron's row-parallel fc2):
  * with shared experts it does (Megatron-Core's SharedExpertMLP: its fc1 gathers the sequence,

@@ -221,6 +221,10 @@ typedef struct {
     /* A mixture of experts' tokens, buffers and activations per sparse block (zp_ep), and
      * latent attention's activations: zero for a dense model. */
     ZpEpActivations moe;
+    /* DeepSpeed's backward all-gather of the dropped slots' gradients (zp_build_moe.c
+     * tp_regather): its buffer's id + 1 (0: none), freed with the experts' returned buffer
+     * after the block's backward reads both (zp_build_moe_free_backward). */
+    int moe_regathered;
     /* A uniform block's cost by kind (zp_build_block_cost) and its modules' kernel shares by
      * kind (module_costs): functions of the model and plan alone, worked out once a build
      * instead of once a block op (a 1F1B pipeline of 512 micro-batches has 100,000 of those;

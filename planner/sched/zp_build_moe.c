@@ -314,6 +314,28 @@ static uint32_t tp_gather(Builder *b, ZpCollKind kind, int unit, int micro, uint
                                     elems * s->elem_bytes, &after, 1);
 }
 
+/* DeepSpeed's all-gather over TP of the slots its tensor ranks dropped (zp_ep_tp_drop: forward
+ * gather_tokens after the combine's all-to-all, backward drop_tokens' backward after the
+ * dispatch's), t R h e into a buffer of its own taken after `after`, on the tensor-parallel
+ * stream as zplan runs the tensor group's collectives, the next compute op waiting for it
+ * (the combine reads it; mappings.py _gather_tokens on the current stream). Returns it, or
+ * `after` where nothing drops; *buffer its buffer (-1 without). */
+static uint32_t tp_regather(Builder *b, int unit, int micro, uint32_t after, int *buffer)
+{
+    *buffer = -1;
+    if (b->moe.regathered_bytes <= 0)
+        return after;
+    const double bytes = b->moe.regathered_bytes;
+    const uint32_t alloc =
+        zp_build_emit_alloc(b, ZP_MEM_EP_BUFFERS, bytes, unit, micro, buffer, &after, 1);
+    const uint32_t deps[2] = {after, alloc};
+    const uint32_t gather = zp_build_emit_collective(
+        b, ZP_COLL_ALLGATHER, ZP_GROUP_TP, unit, micro, -1, 0,
+        (uint64_t)(bytes / b->s->elem_bytes), bytes, deps, 2);
+    zp_build_sync_on(b, gather);
+    return gather;
+}
+
 /* The all-gather dispatcher's collectives `c` (zp_ep_gather_pass) over ZP_GROUP_TPEP, each
  * after the one before, the first after `deps`; on the compute stream, as Megatron runs
  * gather_from_sequence_parallel_region and reduce_scatter_to_sequence_parallel_region on the
@@ -358,14 +380,25 @@ static uint32_t a2a_in(Builder *b, int unit, int micro, gboolean backward, uint3
 static uint32_t a2a_out(Builder *b, int unit, int micro, gboolean backward, uint32_t expert,
                         uint32_t alloc)
 {
-    const uint32_t back = alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
-                                   tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert),
-                                   alloc);
-    if (backward)
+    int regathered;
+    const uint32_t back = tp_regather(
+        b, unit, micro,
+        alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
+                 tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert), alloc),
+        &regathered);
+    if (backward) {
+        /* the slots' gradients go on into the block's backward (the dispatch's), which frees
+         * them with the experts' returned buffer */
+        b->moe_regathered = regathered + 1;
         return back;
+    }
     const uint32_t deps[2] = {back, alloc};
-    return zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro, unpermute_cost(b, FALSE),
-                                 deps, 2);
+    const uint32_t unpermuted = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_FWD, unit, micro,
+                                                      unpermute_cost(b, FALSE), deps, 2);
+    if (regathered >= 0)
+        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, b->moe.regathered_bytes, unit, micro,
+                           regathered, unpermuted);
+    return unpermuted;
 }
 
 /* The all-gather's (token_dispatcher.py MoEAllGatherTokenDispatcher, zp_ep_gather_pass):
@@ -551,6 +584,10 @@ void zp_build_moe_free_backward(Builder *b, int unit, int micro, int buffer)
     if (buffer >= 0)
         zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, b->moe.dispatch_bytes, unit, micro, buffer,
                            b->last_compute);
+    if (b->moe_regathered > 0)
+        zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, b->moe.regathered_bytes, unit, micro,
+                           b->moe_regathered - 1, b->last_compute);
+    b->moe_regathered = 0;
 }
 
 void zp_build_moe_param_gather(Builder *b, uint32_t after)

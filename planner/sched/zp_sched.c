@@ -52,7 +52,7 @@ static gboolean check_experts(const ZpModel *model, const ZpPlan *p, GError **er
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s (%s)", bad, model->name);
         return FALSE;
     }
-    return TRUE;
+    return zp_ep_drop_check(model, p, error);
 }
 
 static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error)
@@ -694,10 +694,10 @@ int zp_sched_groups(const ZpSchedule *s, ZpCommGroup out[ZP_SCHED_MAX_GROUPS])
     /* Expert parallelism's subgroups of dp (zp_sched_graph.h): EP consecutive dp ranks, and
      * the dp / EP ranks EP apart that hold the same experts. */
     const int ep = zp_plan_ep(&s->plan), edp = zp_plan_edp(&s->plan), mp = s->plan.mp;
-    const gboolean whole = zp_plan_etp(&s->plan) == 1 && mp > 1;
-    if (!whole) {
+    const gboolean whole = zp_plan_etp(&s->plan) == 1 && mp > 1 && zp_moe_enabled(&s->model.moe);
+    if (!whole) { /* split experts, or a dense model (its expert groups unused, laid out so) */
         out[ZP_GROUP_EP] = (ZpCommGroup){.ranks = ep, .stride = dp_stride};
-        out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = edp, .stride = dp_stride * ep};
+        out[ZP_GROUP_EDP] = (ZpCommGroup){.ranks = s->plan.dp / ep, .stride = dp_stride * ep};
     } else if (ep % mp == 0) {
         /* Whole experts (ETP 1), Megatron's expert grid over the stage's tensor x dp ranks
          * (parallel_state.py, expert ranks tp-ep-dp): EP / mp whole tensor groups of

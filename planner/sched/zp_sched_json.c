@@ -87,11 +87,16 @@ static json_t *op_to_json(const ZpSchedule *s, const ZpCommGroup *groups, const 
 static json_t *groups_json(const ZpCommGroup *groups, int n_groups)
 {
     json_t *a = json_array();
+    /* edp at EP 1 is all of dp, as the reader takes it where absent, unless the experts are
+     * whole over TP (then all of a stage's tensor and dp ranks): written then */
+    const ZpCommGroup *dp = &groups[ZP_GROUP_DP], *edp = &groups[ZP_GROUP_EDP];
+    const gboolean edp_as_read = n_groups > ZP_GROUP_EDP && groups[ZP_GROUP_EP].ranks == 1 &&
+                                 edp->ranks == dp->ranks && edp->stride == dp->stride &&
+                                 zp_group_run(edp) == edp->ranks;
     for (int g = 0; g < n_groups; g++)
-        /* No pipeline, no ZeRO++ subgroup, no experts: none of those groups written (edp is
-         * all of dp at EP 1). */
+        /* No pipeline, no ZeRO++ subgroup, no experts: none of those groups written */
         if (g < ZP_GROUP_PP || g >= ZP_GROUP_N ||
-            (groups[g].ranks > 1 && (g != ZP_GROUP_EDP || groups[ZP_GROUP_EP].ranks > 1))) {
+            (groups[g].ranks > 1 && (g != ZP_GROUP_EDP || !edp_as_read))) {
             json_t *o = json_pack("{s:s, s:i, s:i}", "name", groups[g].name, "ranks",
                                   groups[g].ranks, "stride", groups[g].stride);
             if (zp_group_run(&groups[g]) < groups[g].ranks) { /* runs (zp_sched_graph.h) */

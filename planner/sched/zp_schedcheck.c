@@ -467,10 +467,12 @@ static gboolean check_alloc_size(Check *c, const ZpOp *op)
                           "the collective using it");
     case ZP_MEM_WORKSPACE:
         return TRUE;
-    case ZP_MEM_EP_BUFFERS: /* a sparse block's dispatch or combine buffers */
+    case ZP_MEM_EP_BUFFERS: /* a sparse block's dispatch or combine buffers, or DeepSpeed's
+                             * regathered slots (zp_build_moe.c tp_regather) */
         if (!zp_build_moe_sparse(s, u))
             return bad(c, "unit", "= %d: ep_buffers belong to a sparse block", u);
         return op->bytes == c->moe.combine_bytes ||
+               (c->moe.regathered_bytes > 0 && op->bytes == c->moe.regathered_bytes) ||
                need_bytes(c, op->bytes, c->moe.dispatch_bytes, "zp_ep_activations");
     case ZP_MEM_GRADS: /* gradients the reductions take (zp_impl.h grads_taken_by_reduction,
                         * grad_copy_elems; unit -1) or a unit's full gradients

@@ -95,7 +95,12 @@ static double bus_bytes_per_s(const ZpSearchSpec *spec, int ranks, int stride, Z
                                  : zp_hw_intra_bus_bytes_per_s(spec->hw);
 }
 
-/* Megatron's two all-reduces of b s h a block, forward and backward (and recompute). */
+static double regather_s(const ZpSearchSpec *spec, const ZpPlan *p);
+
+/* Megatron's two all-reduces of b s h a block, forward and backward (and recompute); under
+ * DeepSpeed's dropped slots (zp_ep_tp_drop) a sparse block's one, the attention's (its whole
+ * experts return whole outputs), and the all-gathers of the slots (regather_s), which the
+ * schedule runs over the tensor group too. */
 static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
 {
     if (plan->mp == 1)
@@ -108,8 +113,12 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
                                      : 2.0 * (plan->mp - 1) / plan->mp * bytes /
                                            bus_bytes_per_s(spec, plan->dp, plan->mp,
                                                            ZP_GROUP_TP);
-    return (plan->checkpoint ? 6.0 : 4.0) * (double)m->layers * stage_share(m, plan) *
-           plan->grad_accum * each;
+    const double sparse = (double)zp_moe_sparse_layers(&m->moe, m->layers);
+    const double sums = 2.0 * (double)m->layers -
+                        (zp_ep_tp_drop(plan) > 1 && !zp_ep_sparse_mlp_sums(m, plan) ? sparse : 0);
+    return (plan->checkpoint ? 3.0 : 2.0) * sums * stage_share(m, plan) * plan->grad_accum *
+               each +
+           regather_s(spec, plan) * stage_share(m, plan);
 }
 
 /* One gather or reduce-scatter of `bytes` (its whole buffer) over `n` ranks `stride` apart:
@@ -129,6 +138,23 @@ static double pass_s(const ZpSearchSpec *spec, const ZpEpGatherColl *c, int k, i
     for (int i = 0; i < k; i++)
         t += ring_s(spec, c[i].kind, c[i].bytes, n, stride);
     return t;
+}
+
+/* DeepSpeed's all-gathers over TP of the slots its tensor ranks dropped (zp_ep_tp_drop), per
+ * step of the whole model: a sparse layer's forward one (again in a recomputed forward) and
+ * its backward's, as the schedule's (zp_build_moe.c tp_regather); 0 elsewhere. */
+static double regather_s(const ZpSearchSpec *spec, const ZpPlan *p)
+{
+    const ZpModel *m = spec->model;
+    const double bytes = zp_ep_activations(m, p).regathered_bytes;
+    if (bytes <= 0)
+        return 0;
+    const double each = spec->coll_s ? spec->coll_s(spec->hw, p->dp, p->mp, ZP_GROUP_TP,
+                                                    ZP_COLL_ALLGATHER, bytes)
+                                     : (p->mp - 1.0) / p->mp * bytes /
+                                           bus_bytes_per_s(spec, p->dp, p->mp, ZP_GROUP_TP);
+    return (p->checkpoint ? 3.0 : 2.0) * each * (double)zp_moe_sparse_layers(&m->moe, m->layers) *
+           (double)MAX(p->grad_accum, 1);
 }
 
 /* The dispatcher's collectives per step of the whole model: the all-to-alls (zp_ep_alltoall),
@@ -293,9 +319,13 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
     const ZpModel *m = spec->model;
     const int node = MAX(spec->hw->gpus_per_node, 1);
     const int dp = spec->gpus / (mp * MAX(pipe.stages, 1));
+    /* Megatron splits experts over TP or keeps them whole (ETP 1); DeepSpeed keeps them whole
+     * (its default, zp_plan_etp) */
     const int wholes = spec->impl == ZP_IMPL_MEGATRON && mp > 1 ? 2 : 1;
+    const gboolean deepspeed_whole = spec->impl == ZP_IMPL_DEEPSPEED && mp > 1;
     for (int whole = 0; whole < wholes; whole++) {
-        const int grid = whole ? mp * dp : dp; /* the ranks EP is taken from */
+        /* the ranks EP is taken from */
+        const int grid = whole || deepspeed_whole ? mp * dp : dp;
         for (int ep = 1; ep <= grid; ep++) {
             if (m->moe.experts % ep || grid % ep)
                 continue;

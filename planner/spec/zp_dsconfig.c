@@ -611,8 +611,9 @@ static gboolean read_pipeline(json_t *root, const char *path, ZpPlan *p, GPtrArr
  * naming the key: a launch EP other than 1 that disagrees, the launch's capacity factor (that
  * of a deepspeed.moe.layer.MoE in the model's code: AutoEP's router, TorchTitan's, routes
  * every token), a top_k not the model's, expert tensor parallelism, and a degree that does
- * not divide the experts and the data-parallel ranks (zplan places EP inside DP;
- * validate_autoep_config asks it of the stage's ranks). */
+ * not divide the experts and the stage's ranks (validate_autoep_config asks it of them;
+ * AutoEP folds its EP groups over the tensor ranks, auto_ep_folding.py, as zplan lays out
+ * DeepSpeed's whole experts: zp_plan_etp). */
 static gboolean apply_autoep(const char *what, const ZpModel *model, int64_t size, int64_t top_k,
                              int64_t etp, ZpPlan *p, GError **error)
 {
@@ -632,10 +633,10 @@ static gboolean apply_autoep(const char *what, const ZpModel *model, int64_t siz
     else if (etp != 1)
         bad = g_strdup_printf("expert_tensor_parallel_size %" G_GINT64_FORMAT " is not "
                               "modeled (1: each expert whole on its rank)", etp);
-    else if (experts % size != 0 || p->dp % size != 0)
+    else if (experts % size != 0 || ((int64_t)p->mp * p->dp) % size != 0)
         bad = g_strdup_printf("autoep_size %" G_GINT64_FORMAT " must divide the %" G_GINT64_FORMAT
-                              " experts of %s and the %d data-parallel ranks", size, experts,
-                              model->name, p->dp);
+                              " experts of %s and the %d ranks of a stage (TP %d x DP %d)",
+                              size, experts, model->name, p->mp * p->dp, p->mp, p->dp);
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s", what, bad);
         g_free(bad);

@@ -331,28 +331,31 @@ gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError *
 
 gboolean zp_plan_etp_check(const ZpPlan *plan, const char *flag, GError **error)
 {
-    const int etp = plan->experts.etp;
-    if (etp == 0 || etp == plan->mp)
-        return TRUE;
-    if (etp != 1)
+    const int etp = plan->experts.etp, mp = plan->mp, ep = zp_plan_ep(plan);
+    const int pp = zp_plan_pp(plan);
+    const gboolean whole = zp_plan_etp(plan) == 1 && mp > 1;
+    if (etp != 0 && etp != 1 && etp != mp)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %d: experts split over the TP "
-                    "degree (%d) or whole on each rank (1) are modeled", flag, etp, plan->mp);
-    else if (plan->impl != ZP_IMPL_MEGATRON)
+                    "degree (%d) or whole on each rank (1) are modeled", flag, etp, mp);
+    else if (whole && plan->impl != ZP_IMPL_MEGATRON && plan->impl != ZP_IMPL_DEEPSPEED)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 is Megatron-Core's "
-                    "--expert-tensor-parallel-size (--impl megatron); %s's experts are timed "
-                    "split over TP", flag, zp_impl_name(plan->impl));
-    else if (zp_plan_pp(plan) > 1 && zp_plan_ep(plan) % plan->mp != 0 &&
-             plan->mp % zp_plan_ep(plan) != 0)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 with a pipeline of %d stages "
-                    "needs EP a multiple or a divisor of TP (%d, not %d): zplan lays the "
-                    "expert groups out over whole tensor groups or inside one", flag,
-                    zp_plan_pp(plan), plan->mp, zp_plan_ep(plan));
-    else if (zp_plan_pp(plan) > 1 && zp_plan_ep(plan) != plan->mp &&
-             plan->rank_order != ZP_ORDER_TP_DP_PP)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 with a pipeline of %d stages and "
-                    "EP %d over TP %d under the tp-pp-dp order is not modeled: its expert "
-                    "groups are not runs of ranks on the nodes (Megatron's default tp-dp-pp "
-                    "order is)", flag, zp_plan_pp(plan), zp_plan_ep(plan), plan->mp);
+                    "--expert-tensor-parallel-size (--impl megatron) and DeepSpeed's default; "
+                    "%s's experts are timed split over TP", flag, zp_impl_name(plan->impl));
+    else if (!whole && mp > 1 && plan->impl == ZP_IMPL_DEEPSPEED)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %d: DeepSpeed's experts split over "
+                    "TP (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism, which "
+                    "gathers every dispatched token over TP) are not modeled; its default keeps "
+                    "them whole (1)", flag, etp);
+    else if (whole && pp > 1 && ep % mp != 0 && mp % ep != 0)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: whole experts (1) with a pipeline "
+                    "of %d stages need EP a multiple or a divisor of TP (%d, not %d): zplan "
+                    "lays the expert groups out over whole tensor groups or inside one", flag,
+                    pp, mp, ep);
+    else if (whole && pp > 1 && ep != mp && plan->rank_order != ZP_ORDER_TP_DP_PP)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: whole experts (1) with a pipeline "
+                    "of %d stages and EP %d over TP %d under the tp-pp-dp order are not "
+                    "modeled: its expert groups are not runs of ranks on the nodes (the "
+                    "tp-dp-pp order, Megatron's and DeepSpeed's default, is)", flag, pp, ep, mp);
     else
         return TRUE;
     return FALSE;

@@ -245,10 +245,16 @@ static inline double zp_plan_expert_skew(const ZpPlan *plan)
 {
     return plan->experts.skew > 1 ? plan->experts.skew : 1.0;
 }
-/* The ranks each expert is split over (ZpExpertConfig.etp): mp unless set. */
+/* The ranks each expert is split over (ZpExpertConfig.etp): as set, else the framework's
+ * default: the TP degree under Megatron-Core (--expert-tensor-parallel-size defaults to it) and
+ * the paper's, 1 under DeepSpeed (deepspeed.moe.layer.MoE's enable_expert_tensor_parallelism
+ * is False by default, and AutoEP's routed experts are not TP-replicated: whole experts, the
+ * EP group across the tensor ranks). */
 static inline int zp_plan_etp(const ZpPlan *plan)
 {
-    return plan->experts.etp > 0 ? plan->experts.etp : plan->mp;
+    return plan->experts.etp > 0           ? plan->experts.etp
+           : plan->impl == ZP_IMPL_DEEPSPEED ? 1
+                                             : plan->mp;
 }
 /* The expert-data-parallel degree: the ranks holding the same experts' same slices, the
  * stage's mp x dp ranks over ETP x EP (dp / EP where experts split over TP). */
@@ -420,8 +426,9 @@ const char *zp_dispatcher_name(ZpDispatcher dispatcher);
  * ranks on the nodes only under the tp-dp-pp order, which zplan's placement needs; else one
  * line naming `flag`. TRUE for the all-to-all. */
 gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError **error);
-/* Expert tensor parallelism: the TP degree (the default) or 1, and 1 under TP > 1 only for
- * Megatron-Core (--impl megatron); with a pipeline, EP a multiple or a divisor of TP (its
+/* Expert tensor parallelism: the TP degree or 1 (zp_plan_etp's defaults); whole experts (1)
+ * under TP > 1 only for Megatron-Core and DeepSpeed, and DeepSpeed's only so (its experts
+ * split over TP are not modeled); with a pipeline, EP a multiple or a divisor of TP (its
  * groups whole tensor groups of EP / TP dp ranks, or EP tensor ranks of one), and unless EP is
  * TP, the tp-dp-pp order (where those groups are runs of ranks on the nodes); else one line
  * naming `flag`. EP's divisibility is zp_ep_check's. */
