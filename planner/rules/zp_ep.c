@@ -232,13 +232,18 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
         /* MoEAllGatherTokenDispatcher: the gathered tokens, probabilities (the logits' dtype)
          * and boolean routing map, then permute's copies for the experts; back, the experts'
          * outputs and unpermute's [G, h] sum, which token_combine reduce-scatters (in the
-         * probabilities' dtype, the model's here). Megatron takes the gathered tokens from
-         * its persistent "mpu" buffer (mappings.py _gather_along_first_dim,
-         * use_global_buffer: parallel_state's GlobalMemoryBuffer, kept at its largest
-         * request all step); zplan counts them here while the layer runs, as it counts no
-         * buffer for the dense layers' sequence-parallel gathers, which share it. */
+         * probabilities' dtype, the model's here). The gathered tokens go into Megatron's
+         * persistent "mpu" buffer (token_dispatcher.py token_dispatch: gather_from_sequence_
+         * parallel_region(..., use_global_buffer=True); mappings.py _gather_along_first_dim
+         * takes it from parallel_state's GlobalMemoryBuffer, utils.py get_tensor, which
+         * keeps it at its largest request for good): held all step, a state of the stage
+         * (zp_build_moe_states), not the layer's. The probabilities and the map are gathered
+         * into tensors of their own. Only where the group gathers (one rank: the identity). */
         const double G = a.gathered_tokens;
-        a.dispatch_bytes = (G + a.expert_tokens) * h * e + G * E * (e + 1.0);
+        if (zp_plan_etp(plan) * zp_plan_ep(plan) > 1)
+            a.global_buffer_bytes = G * h * e;
+        a.dispatch_bytes = a.expert_tokens * h * e + G * E * (e + 1.0) +
+                           (a.global_buffer_bytes > 0 ? 0.0 : G * h * e);
         a.combine_bytes = (a.expert_tokens + G) * h * e;
     }
     /* The experts' input (fc1's weight gradient) and the gated MLP's gate, up and product (the

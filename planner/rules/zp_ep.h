@@ -55,6 +55,9 @@ typedef struct {
                               * the ETP x EP group's tokens) */
     double gathered_tokens;  /* G = ETP EP T: the ETP x EP group's tokens the all-gather
                               * dispatcher gathers to each rank; 0 under the all-to-all */
+    double global_buffer_bytes; /* the all-gather dispatcher's gathered tokens, G h e, which
+                                 * Megatron keeps in its persistent "mpu" buffer (zp_ep.c); 0
+                                 * where it gathers nothing */
     double regathered_bytes; /* DeepSpeed's all-gather over TP of the slots its ranks dropped
                               * (zp_ep_tp_drop t > 1): t R h e, every slot of every expert; 0
                               * elsewhere */
@@ -62,9 +65,9 @@ typedef struct {
     double dispatch_bytes;   /* the dispatch's send and receive buffers, (T k + R) h e, or
                               * 2 R h e with a capacity factor (the send buffer padded too),
                               * and the tensor group's gather, t R h e, where it gathers; the
-                              * all-gather dispatcher's gathered tokens, probabilities and
-                              * routing map and the experts' permuted input,
-                              * (G + t R) h e + G E (e + 1) */
+                              * all-gather dispatcher's probabilities and routing map and
+                              * the experts' permuted input, t R h e + G E (e + 1) (its
+                              * gathered tokens are global_buffer_bytes) */
     double combine_bytes;    /* the combine's, the same sizes the other way; the all-gather
                               * dispatcher's expert outputs and their unpermuted sum, which it
                               * reduce-scatters: (t R + G) h e */

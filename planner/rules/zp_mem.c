@@ -32,8 +32,10 @@ static void add_activation_terms(const ZpModel *model, const ZpPlan *plan, ZpRes
         const ZpEpActivations moe = zp_ep_activations(model, plan);
         const double uniform = r->activation_block_bytes;
         r->activation_block_bytes = fmax(moe.dense_layer_bytes, moe.sparse_layer_bytes);
-        /* DeepSpeed's regathered slots beside the buffer they came back in */
-        r->moe_buffer_bytes = fmax(moe.dispatch_bytes, moe.combine_bytes) + moe.regathered_bytes;
+        /* DeepSpeed's regathered slots beside the buffer they came back in, and Megatron's
+         * persistent buffer of the all-gather dispatcher's gathered tokens */
+        r->moe_buffer_bytes = fmax(moe.dispatch_bytes, moe.combine_bytes) +
+                              moe.regathered_bytes + moe.global_buffer_bytes;
         if (plan->checkpoint)
             r->recompute_bytes += r->activation_block_bytes - uniform;
         else

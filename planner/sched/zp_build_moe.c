@@ -99,6 +99,9 @@ void zp_build_moe_states(Builder *b)
     s->state_bytes[ZP_MEM_MASTER] += optim * master;
     s->state_bytes[ZP_MEM_ADAM_M] += optim * m;
     s->state_bytes[ZP_MEM_ADAM_V] += optim * v;
+    /* A stage with sparse layers holds Megatron's persistent buffer of the all-gather
+     * dispatcher's gathered tokens from its first step on (zp_ep_activations) */
+    s->state_bytes[ZP_MEM_EP_BUFFERS] += b->moe.global_buffer_bytes;
 }
 
 double zp_build_moe_optimizer_elems(const ZpSchedule *s)
