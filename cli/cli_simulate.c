@@ -467,7 +467,7 @@ static gboolean plan_from_flags(const SimulateFlags *f, const ZpModel *model, co
     }
     if (!cli_moe_parse(model, f->ep, f->capacity_factor, f->expert_skew, &plan->experts, error) ||
         !cli_int(f->expert_tp, "--expert-tp", 1, 1 << 20, 0, &plan->experts.etp, error) ||
-        !zp_plan_etp_check(plan, "--expert-tp", error) ||
+        !zp_plan_etp_check(plan, zp_moe_enabled(&model->moe), "--expert-tp", error) ||
         !zp_ep_check(model, plan, "--ep", error) ||
         (f->moe_dispatcher && (!zp_dispatcher_parse(f->moe_dispatcher, "--moe-dispatcher",
                                                     &plan->experts.dispatcher, error) ||

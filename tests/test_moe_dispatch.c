@@ -595,7 +595,8 @@ static void test_expert_runs(void)
  *   expert-data-parallel group 1 rank; the schedule file reads back;
  * - folded (one rank) equals every rank simulated; simulate says DeepSpeed's default in its
  *   Defaults line; and refuses what it does not model, naming the key: sequence parallelism
- *   (nothing duplicate to drop), slots TP does not divide, DeepSpeed's split experts. */
+ *   (nothing duplicate to drop), slots TP does not divide, DeepSpeed's split experts; a dense
+ *   model under DeepSpeed refuses none of that. */
 static void test_deepspeed_whole_experts(void)
 {
     ZpModel m;
@@ -653,6 +654,20 @@ static void test_deepspeed_whole_experts(void)
         zp_sched_free(s);
         check_folded_is_explicit(&m, &p, &hw, 1);
     }
+    /* A dense model lays no experts out: DeepSpeed's default ETP of 1 refuses nothing of it,
+     * here over TP 2 x a pipeline of 2 under tp-pp-dp (it once refused every such plan) */
+    ZpModel dense = m;
+    dense.moe = (ZpMoe){0};
+    ZpPlan q;
+    zp_plan_defaults(&q, 1, 2, 2);
+    q.pipe.stages = 2, q.grad_accum = 2, q.rank_order = ZP_ORDER_TP_PP_DP;
+    zp_impl_plan_defaults(&q);
+    g_assert_true(zp_plan_etp_check(&q, FALSE, "--expert-tp", NULL));
+    g_assert_false(zp_plan_etp_check(&q, TRUE, "--expert-tp", NULL));
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&dense, &q, &error);
+    g_assert_no_error(error);
+    zp_sched_free(s);
     const char *common = "simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 16 --mp 2 "
                          "--ep 8 --stage 1 --micro-batch 1 --precision bf16";
     char *args = g_strdup_printf("%s --seq 512", common);

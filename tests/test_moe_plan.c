@@ -228,7 +228,7 @@ static void test_plan_megatron_dispatchers(void)
                 beyond_dp += p->dp % zp_plan_ep(p) != 0;
                 runs += zp_plan_pp(p) > 1 && zp_plan_ep(p) != p->mp;
                 g_assert_cmpint(zp_plan_etp(p), ==, 1);
-                g_assert_true(zp_plan_etp_check(p, "test", NULL));
+                g_assert_true(zp_plan_etp_check(p, TRUE, "test", NULL));
                 g_assert_cmpint((p->mp * p->dp) % zp_plan_ep(p), ==, 0);
             }
             if (p->experts.dispatcher == ZP_DISPATCH_ALLTOALL) {

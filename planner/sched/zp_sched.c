@@ -33,7 +33,8 @@
  * model is refused in one line. */
 static gboolean check_experts(const ZpModel *model, const ZpPlan *p, GError **error)
 {
-    if (!zp_plan_etp_check(p, "experts.etp", error) || !zp_ep_check(model, p, "ep", error) ||
+    if (!zp_plan_etp_check(p, zp_moe_enabled(&model->moe), "experts.etp", error) ||
+        !zp_ep_check(model, p, "ep", error) ||
         !zp_ep_dispatcher_check(model, p, "experts.dispatcher", error))
         return FALSE;
     if (!zp_moe_enabled(&model->moe))

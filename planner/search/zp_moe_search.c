@@ -342,7 +342,7 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
                 base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
                 base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL,
                                                 whole ? 1 : 0};
-                if (!zp_plan_etp_check(&base, "", NULL))
+                if (!zp_plan_etp_check(&base, TRUE, "", NULL))
                     continue;
                 add_micro(spec, &base, out);
                 /* Megatron's other dispatcher, its default, where it communicates (ETP x EP

@@ -349,7 +349,7 @@ static gboolean moe_plan(const char *what, const ZpModel *model, const Args *a, 
     plan->experts.capacity_factor = a->capacity > 0 ? a->capacity : 0;
     plan->experts.dispatcher = a->dispatcher == 0 ? ZP_DISPATCH_ALLGATHER : ZP_DISPATCH_ALLTOALL;
     plan->experts.etp = a->etp == 1 ? 1 : 0;
-    if (!zp_plan_etp_check(plan, "--expert-tensor-parallel-size", error) ||
+    if (!zp_plan_etp_check(plan, TRUE, "--expert-tensor-parallel-size", error) ||
         !zp_plan_dispatcher_check(plan, "--moe-token-dispatcher-type", error)) {
         g_prefix_error(error, "%s: ", what);
         return FALSE;

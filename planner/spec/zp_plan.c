@@ -329,11 +329,13 @@ gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError *
     return FALSE;
 }
 
-gboolean zp_plan_etp_check(const ZpPlan *plan, const char *flag, GError **error)
+gboolean zp_plan_etp_check(const ZpPlan *plan, gboolean experts, const char *flag,
+                           GError **error)
 {
     const int etp = plan->experts.etp, mp = plan->mp, ep = zp_plan_ep(plan);
     const int pp = zp_plan_pp(plan);
-    const gboolean whole = zp_plan_etp(plan) == 1 && mp > 1;
+    /* a dense model lays no experts out: its default ETP (DeepSpeed's 1) says nothing */
+    const gboolean whole = experts && zp_plan_etp(plan) == 1 && mp > 1;
     if (etp != 0 && etp != 1 && etp != mp)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %d: experts split over the TP "
                     "degree (%d) or whole on each rank (1) are modeled", flag, etp, mp);
@@ -341,7 +343,7 @@ gboolean zp_plan_etp_check(const ZpPlan *plan, const char *flag, GError **error)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 is Megatron-Core's "
                     "--expert-tensor-parallel-size (--impl megatron) and DeepSpeed's default; "
                     "%s's experts are timed split over TP", flag, zp_impl_name(plan->impl));
-    else if (!whole && mp > 1 && plan->impl == ZP_IMPL_DEEPSPEED)
+    else if (experts && !whole && mp > 1 && plan->impl == ZP_IMPL_DEEPSPEED)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %d: DeepSpeed's experts split over "
                     "TP (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism, which "
                     "gathers every dispatched token over TP) are not modeled; its default keeps "
