@@ -27,6 +27,25 @@ static guint expert_fwd_ops(const ZpSchedule *s, double flops)
     return n;
 }
 
+/* The 2-layer MoE's collectives over `group` of `kind` in its sparse units (1 and 2), each of
+ * `bytes` where bytes > 0; the all-to-alls (dispatch and combine) where all_to_all. */
+static guint sparse_colls(const ZpSchedule *s, gboolean all_to_all, ZpGroup group,
+                          ZpCollKind kind, double bytes)
+{
+    guint n = 0;
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        const gboolean a2a = op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE;
+        if (op->kind != ZP_OP_COLLECTIVE || op->unit < 1 || op->unit > 2 ||
+            (all_to_all ? !a2a : a2a || op->group != group || op->sub != kind))
+            continue;
+        n++;
+        if (bytes > 0)
+            g_assert_cmpfloat(op->bytes, ==, bytes);
+    }
+    return n;
+}
+
 /* Megatron-Core's experts under sequence parallelism (the only way it trains a mixture of
  * experts with TP > 1: moe_layer.py MoELayer.forward), on the 2-layer MoE at mp 2, dp 4, EP 2,
  * micro-batch 2 (b s = 32 tokens), by hand:
@@ -320,19 +339,11 @@ static void test_whole_experts(void)
         g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 4 / ep);
         g_assert_cmpint(groups[ZP_GROUP_EDP].stride, ==, ep);
         const guint experts = expert_fwd_ops(s, 393216);
-        guint a2a = 0, sums = 0;
-        for (guint i = 0; i < s->ops->len; i++) {
-            const ZpOp *op = zp_sched_op(s, i);
-            if (op->kind != ZP_OP_COLLECTIVE)
-                continue;
-            if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE) {
-                a2a++;
-                g_assert_cmpfloat(op->bytes, ==, 4096);
-            } else if (op->group == ZP_GROUP_TP && op->unit >= 1 && op->unit <= 2) {
-                g_assert_cmpuint(op->elems, ==, 2048); /* no expert gather over TP */
-                sums += op->sub == ZP_COLL_REDUCE_SCATTER;
-            }
-        }
+        const guint a2a = sparse_colls(s, TRUE, 0, 0, 4096);
+        /* the attention's sums alone: no expert gather over TP (b s h e = 4,096 bytes each) */
+        const guint sums = sparse_colls(s, FALSE, ZP_GROUP_TP, ZP_COLL_REDUCE_SCATTER, 4096);
+        g_assert_cmpuint(sparse_colls(s, FALSE, ZP_GROUP_TP, ZP_COLL_ALLGATHER, 4096), ==, sums);
+        g_assert_cmpuint(sparse_colls(s, FALSE, ZP_GROUP_TP, ZP_COLL_ALLREDUCE, 0), ==, 0);
         g_assert_cmpuint(experts, ==, 2);
         g_assert_cmpuint(a2a, ==, 8);
         g_assert_cmpuint(sums, ==, 4);
@@ -614,23 +625,9 @@ static void test_deepspeed_whole_experts(void)
         ZpSchedule *s = zp_sched_build(&m, &p, &error);
         g_assert_no_error(error);
         g_assert_cmpuint(expert_fwd_ops(s, 393216.0 * 2 / t), ==, 2);
-        guint a2a = 0, regathers = 0, sums = 0;
-        for (guint i = 0; i < s->ops->len; i++) {
-            const ZpOp *op = zp_sched_op(s, i);
-            if (op->kind != ZP_OP_COLLECTIVE)
-                continue;
-            if (op->sub == ZP_COLL_EP_DISPATCH || op->sub == ZP_COLL_EP_COMBINE) {
-                a2a++;
-                g_assert_cmpfloat(op->bytes, ==, 8192.0 / t);
-            } else if (op->group == ZP_GROUP_TP && op->sub == ZP_COLL_ALLGATHER &&
-                       op->unit >= 1 && op->unit <= 2) {
-                regathers++;
-                g_assert_cmpfloat(op->bytes, ==, 8192);
-            } else if (op->group == ZP_GROUP_TP && op->sub == ZP_COLL_ALLREDUCE &&
-                       op->unit >= 1 && op->unit <= 2) {
-                sums++;
-            }
-        }
+        const guint a2a = sparse_colls(s, TRUE, 0, 0, 8192.0 / t);
+        const guint regathers = sparse_colls(s, FALSE, ZP_GROUP_TP, ZP_COLL_ALLGATHER, 8192);
+        const guint sums = sparse_colls(s, FALSE, ZP_GROUP_TP, ZP_COLL_ALLREDUCE, 0);
         g_test_message("TP %d: %u all-to-alls, %u all-gathers of the slots, %u block sums", t,
                        a2a, regathers, sums);
         g_assert_cmpuint(a2a, ==, 8);
