@@ -191,6 +191,8 @@ void tu_assert_same_groups(const ZpSchedule *a, const ZpSchedule *b)
     for (int g = 0; g < n; g++) {
         g_assert_cmpstr(ga[g].name, ==, gb[g].name);
         g_assert_cmpint(ga[g].ranks, ==, gb[g].ranks);
+        if (ga[g].ranks == 1) /* each rank its own group, whatever the stride says */
+            continue;
         g_assert_cmpint(ga[g].stride, ==, gb[g].stride);
         g_assert_cmpint(zp_group_run(&ga[g]), ==, zp_group_run(&gb[g]));
         g_assert_cmpint(zp_group_run_stride(&ga[g]), ==, zp_group_run_stride(&gb[g]));

@@ -52,7 +52,8 @@ void *tu_zplan_json(const char *args);
 /* The same for a command that must exit with `exit_status` (2: the plan does not fit). */
 void *tu_zplan_json_exit(const char *args, int exit_status);
 
-/* Both schedules' communicators (zp_sched_groups) are the same: names, ranks and strides. */
+/* Both schedules' communicators (zp_sched_groups) are the same: names, ranks, and where a group
+ * has more than one rank, its shape (strides and runs). */
 void tu_assert_same_groups(const ZpSchedule *a, const ZpSchedule *b);
 
 /* The schedule's allocs and frees walked in list order, as zreal executes them: the total
