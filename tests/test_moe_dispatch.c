@@ -459,6 +459,28 @@ static void test_whole_experts(void)
     }
 }
 
+/* s's schedule file (holding `holds`, where not NULL) reads back by both readers with s's
+ * communicators. */
+static void assert_file_groups(const ZpSchedule *s, const char *holds)
+{
+    GError *error = NULL;
+    char *dir = NULL;
+    char *path = tu_tmp_file("groups", "sched.json", &dir);
+    g_assert_true(zp_sched_write_json(s, path, &error));
+    char *text = NULL;
+    g_assert_true(g_file_get_contents(path, &text, NULL, NULL));
+    g_assert_true(!holds || strstr(text, holds));
+    g_free(text);
+    for (int graph = 0; graph < 2; graph++) {
+        ZpSchedule *t =
+            graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
+        g_assert_no_error(error);
+        tu_assert_same_groups(s, t);
+        zp_sched_free(t);
+    }
+    tu_tmp_file_remove(path, dir);
+}
+
 /* Megatron's expert groups under a pipeline, runs of zplan's ranks (zp_sched_graph.h), on the
  * 2-layer MoE at mp 2 x pp 2 x dp 2 on 8-GPU nodes: whole experts at EP 4 (the tensor ranks of
  * both dp ranks) under either dispatcher, and the all-gather dispatcher's TP x EP at EP 2.
@@ -551,22 +573,7 @@ static void test_expert_runs(void)
     GError *error = NULL;
     ZpSchedule *s = zp_sched_build(&m, &p, &error);
     g_assert_no_error(error);
-    char *dir = NULL;
-    char *path = tu_tmp_file("runs", "sched.json", &dir);
-    g_assert_true(zp_sched_write_json(s, path, &error));
-    char *text = NULL;
-    g_assert_true(g_file_get_contents(path, &text, NULL, NULL));
-    g_assert_nonnull(strstr(text, "\"run\": 2"));
-    g_assert_nonnull(strstr(text, "\"run_stride\": 4"));
-    g_free(text);
-    for (int graph = 0; graph < 2; graph++) {
-        ZpSchedule *t =
-            graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
-        g_assert_no_error(error);
-        tu_assert_same_groups(s, t);
-        zp_sched_free(t);
-    }
-    tu_tmp_file_remove(path, dir);
+    assert_file_groups(s, "\"run_stride\": 4");
     zp_sched_free(s);
     /* whole experts at EP 1 (all of a stage's tensor and dp ranks hold every expert): edp is
      * written, where the reader once took all of dp for it (Mixtral, 16 H100s, TP 2: the
@@ -577,16 +584,7 @@ static void test_expert_runs(void)
     zp_impl_plan_defaults(&p);
     s = zp_sched_build(&m, &p, &error);
     g_assert_no_error(error);
-    path = tu_tmp_file("runs", "ep1.json", &dir);
-    g_assert_true(zp_sched_write_json(s, path, &error));
-    for (int graph = 0; graph < 2; graph++) {
-        ZpSchedule *t =
-            graph ? zp_sched_read_graph(path, &error) : zp_sched_read_json(path, &error);
-        g_assert_no_error(error);
-        tu_assert_same_groups(s, t);
-        zp_sched_free(t);
-    }
-    tu_tmp_file_remove(path, dir);
+    assert_file_groups(s, "\"edp\"");
     zp_sched_free(s);
     /* costed by placement */
     const double runs_s =
@@ -660,15 +658,7 @@ static void test_deepspeed_whole_experts(void)
         g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, 4);
         g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 1);
         g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 1);
-        /* the file reads back (its ops checked against the plan's) */
-        char *dir = NULL;
-        char *path = tu_tmp_file("ds-whole", "sched.json", &dir);
-        g_assert_true(zp_sched_write_json(s, path, &error));
-        ZpSchedule *back = zp_sched_read_json(path, &error);
-        g_assert_no_error(error);
-        tu_assert_same_groups(s, back);
-        zp_sched_free(back);
-        tu_tmp_file_remove(path, dir);
+        assert_file_groups(s, NULL); /* its ops checked against the plan's too */
         zp_sched_free(s);
         check_folded_is_explicit(&m, &p, &hw, 1);
     }

@@ -194,6 +194,22 @@ static void test_plan_simulates_shortlist(void)
     g_array_unref(c);
 }
 
+/* The MoE search's plans for m on 64 GPUs of hw at a global batch, under --impl megatron or
+ * DeepSpeed's default, ranked by simulation as `plan` ranks them. */
+static GArray *search_64(const ZpModel *m, const ZpHw *hw, int global_batch, gboolean megatron)
+{
+    ZpSearchSpec spec;
+    CliRankContext ctx;
+    cli_search_spec(&spec, &ctx, m, hw, 64);
+    spec.global_batch = global_batch;
+    if (megatron)
+        spec.impl = ZP_IMPL_MEGATRON;
+    GError *error = NULL;
+    GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
+    g_assert_no_error(error);
+    return c;
+}
+
 /* Under --impl megatron the search weighs both of Megatron-Core's dispatchers (Mixtral-8x7B
  * on 64 H100s at s 512), and experts split over TP or whole (ETP 1, EP then dividing TP x DP,
  * not only dp; over a pipeline too, EP a multiple or a divisor of TP, the groups runs of
@@ -209,15 +225,8 @@ static void test_plan_megatron_dispatchers(void)
     m.seq_len = 512;
     ZpHw hw = tu_load_hw("dgx-h100");
     for (int megatron = 0; megatron <= 1; megatron++) {
-        ZpSearchSpec spec;
-        CliRankContext ctx;
-        cli_search_spec(&spec, &ctx, &m, &hw, 64);
-        spec.global_batch = 512;
-        if (megatron)
-            spec.impl = ZP_IMPL_MEGATRON;
+        GArray *c = search_64(&m, &hw, 512, megatron);
         GError *error = NULL;
-        GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
-        g_assert_no_error(error);
         guint gathers = 0, compared = 0, alltoalls = 0, whole = 0, beyond_dp = 0, runs = 0;
         for (guint i = 0; i < c->len; i++) {
             ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
@@ -287,14 +296,8 @@ static void test_closed_form_tensor_group(void)
     m.seq_len = 2048;
     ZpHw hw = tu_load_hw("dgx-h100");
     for (int megatron = 0; megatron <= 1; megatron++) {
-        ZpSearchSpec spec;
-        CliRankContext ctx;
-        cli_search_spec(&spec, &ctx, &m, &hw, 64);
-        spec.global_batch = 256;
-        spec.impl = megatron ? ZP_IMPL_MEGATRON : ZP_IMPL_DEEPSPEED;
+        GArray *c = search_64(&m, &hw, 256, megatron);
         GError *error = NULL;
-        GArray *c = zp_moe_search_run(&spec, 1.0, 0.0, &error);
-        g_assert_no_error(error);
         unsigned seen = 0; /* bit: split, whole, allgather */
         for (guint i = 0; i < c->len; i++) {
             const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, i);
