@@ -314,13 +314,12 @@ static void test_moe(void)
          "--expert-tensor-parallel-size 1 --expert-model-parallel-size 8 "
          "--moe-token-dispatcher-type alltoall --pipeline-model-parallel-size 2 "
          "--use-tp-pp-dp-mapping",
-         "--expert-tensor-parallel-size: whole experts (1) with a pipeline of 2 stages and EP 8 "
-         "over TP 2 under the tp-pp-dp order are not modeled"},
+         "--expert-tensor-parallel-size: Megatron-Core under the tp-pp-dp order "
+         "(--use-tp-pp-dp-mapping) with a pipeline of 2 stages needs ETP x EP = TP"},
         {"--num-experts 8 --tensor-model-parallel-size 2 --sequence-parallel "
          "--expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "
          "--use-tp-pp-dp-mapping",
-         "--moe-token-dispatcher-type: allgather over TP 2 x EP 2 with a pipeline of 2 stages "
-         "under the tp-pp-dp order"},
+         "not ETP 2 x EP 2 over TP 2"},
         {"--num-experts 8 --moe-ffn-hidden-size 1408", "--moe-ffn-hidden-size is 1408"},
         {"--num-experts 8 --moe-layer-recompute", "--moe-layer-recompute is refused"},
         {"--num-experts 8 --moe-token-dispatcher-type all2all", "unknown value 'all2all'"},

@@ -348,6 +348,16 @@ gboolean zp_plan_etp_check(const ZpPlan *plan, gboolean experts, const char *fla
                     "TP (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism, which "
                     "gathers every dispatched token over TP) are not modeled; its default keeps "
                     "them whole (1)", flag, etp);
+    else if (experts && plan->impl == ZP_IMPL_MEGATRON && pp > 1 &&
+             plan->rank_order != ZP_ORDER_TP_DP_PP && zp_plan_etp(plan) * ep != mp)
+        /* initialize.py passes order tp-cp-ep-pp-dp under --use-tp-pp-dp-mapping, and
+         * parallel_state.py initialize_model_parallel asserts that an order not ending in pp
+         * with a pipeline keeps the experts' data-parallel size the dense one's */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: Megatron-Core under the tp-pp-dp order "
+                    "(--use-tp-pp-dp-mapping) with a pipeline of %d stages needs ETP x EP = TP "
+                    "(the experts' data-parallel size the dense one's: parallel_state.py "
+                    "initialize_model_parallel asserts it), not ETP %d x EP %d over TP %d",
+                    flag, pp, zp_plan_etp(plan), ep, mp);
     else if (whole && pp > 1 && ep % mp != 0 && mp % ep != 0)
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: whole experts (1) with a pipeline "
                     "of %d stages need EP a multiple or a divisor of TP (%d, not %d): zplan "

@@ -430,8 +430,9 @@ gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError *
  * under TP > 1 only for Megatron-Core and DeepSpeed, and DeepSpeed's only so (its experts
  * split over TP are not modeled); with a pipeline, EP a multiple or a divisor of TP (its
  * groups whole tensor groups of EP / TP dp ranks, or EP tensor ranks of one), and unless EP is
- * TP, the tp-dp-pp order (where those groups are runs of ranks on the nodes); else one line
- * naming `flag`. `experts`: the model has a mixture of experts (without one, only a degree
+ * TP, the tp-dp-pp order (where those groups are runs of ranks on the nodes), and Megatron's
+ * ETP x EP = TP with a pipeline under tp-pp-dp (which Megatron asserts); else one line naming
+ * `flag`. `experts`: the model has a mixture of experts (without one, only a degree
  * other than 1 and TP fails). EP's divisibility is zp_ep_check's. */
 gboolean zp_plan_etp_check(const ZpPlan *plan, gboolean experts, const char *flag,
                            GError **error);
