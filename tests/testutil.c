@@ -165,6 +165,17 @@ void tu_zplan_ok(const char *args)
     tu_free(&r);
 }
 
+void tu_zplan_refused(const char *args, const char *says)
+{
+    TuRun r = tu_zplan(args);
+    g_test_message("%s -> %s", args, r.err);
+    g_assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1);
+    g_assert_nonnull(strstr(r.err, says));
+    g_assert_true(strchr(r.err, '\n') == r.err + strlen(r.err) - 1); /* its only newline ends it */
+    g_assert_cmpstr(r.out, ==, "");
+    tu_free(&r);
+}
+
 ZpModel tu_load_model(const char *name)
 {
     ZpModel m;

@@ -76,6 +76,9 @@ void tu_tmp_file_remove(char *path, char *dir);
 
 /* Runs build/zplan with `args`, which must succeed, and frees what it printed. */
 void tu_zplan_ok(const char *args);
+/* Runs build/zplan with `args`, which must be refused as bad input: exit status 1, one line on
+ * stderr holding `says`, nothing on stdout. */
+void tu_zplan_refused(const char *args, const char *says);
 
 /* A shipped model or hwprofile by name (or path); a load that fails fails the test. */
 ZpModel tu_load_model(const char *name);
