@@ -95,7 +95,28 @@ static double bus_bytes_per_s(const ZpSearchSpec *spec, int ranks, int stride, Z
                                  : zp_hw_intra_bus_bytes_per_s(spec->hw);
 }
 
-static double regather_s(const ZpSearchSpec *spec, const ZpPlan *p);
+/* One collective of `bytes` (its whole buffer) over the plan's tensor group: the simulator's
+ * cost (spec->coll_s), else (n - 1) / n of it at the group's busbw, twice for an all-reduce. */
+static double tp_coll_s(const ZpSearchSpec *spec, const ZpPlan *plan, ZpCollKind kind,
+                        double bytes)
+{
+    return spec->coll_s ? spec->coll_s(spec->hw, plan->dp, plan->mp, ZP_GROUP_TP, kind, bytes)
+                        : (kind == ZP_COLL_ALLREDUCE ? 2.0 : 1.0) * (plan->mp - 1) / plan->mp *
+                              bytes / bus_bytes_per_s(spec, plan->dp, plan->mp, ZP_GROUP_TP);
+}
+
+/* DeepSpeed's all-gathers over TP of the slots its tensor ranks dropped (zp_ep_tp_drop), per
+ * step of the whole model: a sparse layer's forward one (again in a recomputed forward) and
+ * its backward's, as the schedule's (zp_build_moe.c tp_regather); 0 elsewhere. */
+static double regather_s(const ZpSearchSpec *spec, const ZpPlan *p)
+{
+    const ZpModel *m = spec->model;
+    const double bytes = zp_ep_activations(m, p).regathered_bytes;
+    if (bytes <= 0)
+        return 0;
+    return (p->checkpoint ? 3.0 : 2.0) * tp_coll_s(spec, p, ZP_COLL_ALLGATHER, bytes) *
+           (double)zp_moe_sparse_layers(&m->moe, m->layers) * (double)MAX(p->grad_accum, 1);
+}
 
 /* The tensor group's collectives, as the schedule runs them: a block's two sums of b s h
  * (Megatron's all-reduces, or under sequence parallelism a reduce-scatter and an all-gather,
@@ -113,24 +134,15 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
     const ZpModel *m = spec->model;
     const double bytes = (double)plan->micro_batch * (double)m->seq_len * (double)m->hidden *
                          zp_plan_elem_bytes(plan->precision);
-    const double each = spec->coll_s ? spec->coll_s(spec->hw, plan->dp, plan->mp, ZP_GROUP_TP,
-                                                    ZP_COLL_ALLREDUCE, bytes)
-                                     : 2.0 * (plan->mp - 1) / plan->mp * bytes /
-                                           bus_bytes_per_s(spec, plan->dp, plan->mp,
-                                                           ZP_GROUP_TP);
+    const double each = tp_coll_s(spec, plan, ZP_COLL_ALLREDUCE, bytes);
     const double sparse = (double)zp_moe_sparse_layers(&m->moe, m->layers);
     const double sums = 2.0 * (double)m->layers - (zp_ep_sparse_mlp_sums(m, plan) ? 0 : sparse);
     double gather = 0; /* the expert tensor group's pair, a sparse block's pass */
     if (zp_ep_tp_gather(plan) > 1) {
         const double moved = zp_ep_activations(m, plan).expert_tokens * (double)m->hidden *
                              zp_plan_elem_bytes(plan->precision);
-        for (int k = 0; k < 2; k++) {
-            const ZpCollKind kind = k ? ZP_COLL_REDUCE_SCATTER : ZP_COLL_ALLGATHER;
-            gather += spec->coll_s ? spec->coll_s(spec->hw, plan->dp, plan->mp, ZP_GROUP_TP,
-                                                  kind, moved)
-                                   : (plan->mp - 1.0) / plan->mp * moved /
-                                         bus_bytes_per_s(spec, plan->dp, plan->mp, ZP_GROUP_TP);
-        }
+        gather = tp_coll_s(spec, plan, ZP_COLL_ALLGATHER, moved) +
+                 tp_coll_s(spec, plan, ZP_COLL_REDUCE_SCATTER, moved);
     }
     return (plan->checkpoint ? 3.0 : 2.0) * (sums * each + sparse * gather) *
                stage_share(m, plan) * plan->grad_accum +
@@ -154,23 +166,6 @@ static double pass_s(const ZpSearchSpec *spec, const ZpEpGatherColl *c, int k, i
     for (int i = 0; i < k; i++)
         t += ring_s(spec, c[i].kind, c[i].bytes, n, stride);
     return t;
-}
-
-/* DeepSpeed's all-gathers over TP of the slots its tensor ranks dropped (zp_ep_tp_drop), per
- * step of the whole model: a sparse layer's forward one (again in a recomputed forward) and
- * its backward's, as the schedule's (zp_build_moe.c tp_regather); 0 elsewhere. */
-static double regather_s(const ZpSearchSpec *spec, const ZpPlan *p)
-{
-    const ZpModel *m = spec->model;
-    const double bytes = zp_ep_activations(m, p).regathered_bytes;
-    if (bytes <= 0)
-        return 0;
-    const double each = spec->coll_s ? spec->coll_s(spec->hw, p->dp, p->mp, ZP_GROUP_TP,
-                                                    ZP_COLL_ALLGATHER, bytes)
-                                     : (p->mp - 1.0) / p->mp * bytes /
-                                           bus_bytes_per_s(spec, p->dp, p->mp, ZP_GROUP_TP);
-    return (p->checkpoint ? 3.0 : 2.0) * each * (double)zp_moe_sparse_layers(&m->moe, m->layers) *
-           (double)MAX(p->grad_accum, 1);
 }
 
 /* The dispatcher's collectives per step of the whole model: the all-to-alls (zp_ep_alltoall),
