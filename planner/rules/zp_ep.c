@@ -220,14 +220,14 @@ ZpEpActivations zp_ep_activations(const ZpModel *model, const ZpPlan *plan)
      * buffer is the padded [E, capacity, h] itself, R rows as the receive buffer (DeepSpeed's
      * sharded_moe.py MOELayer.forward: dispatched_input = einsum("sec,sm->ecm") is what
      * _AllToAll sends, its output the same shape). */
-    const double sent = plan->experts.capacity_factor > 0
-                            ? a.received_tokens
-                            : a.routed_tokens / zp_ep_tp_drop(plan);
+    const int drop = zp_ep_tp_drop(plan);
+    const double sent =
+        plan->experts.capacity_factor > 0 ? a.received_tokens : a.routed_tokens / drop;
     const double gathered = zp_ep_tp_gather(plan) > 1 ? a.expert_tokens : 0.0;
     a.dispatch_bytes = (sent + a.received_tokens + gathered) * h * e;
     a.combine_bytes = a.dispatch_bytes;
-    if (zp_ep_tp_drop(plan) > 1)
-        a.regathered_bytes = zp_ep_tp_drop(plan) * a.received_tokens * h * e;
+    if (drop > 1)
+        a.regathered_bytes = drop * a.received_tokens * h * e;
     if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
         /* MoEAllGatherTokenDispatcher: the gathered tokens, probabilities (the logits' dtype)
          * and boolean routing map, then permute's copies for the experts; back, the experts'

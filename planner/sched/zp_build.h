@@ -222,8 +222,8 @@ typedef struct {
      * latent attention's activations: zero for a dense model. */
     ZpEpActivations moe;
     /* DeepSpeed's backward all-gather of the dropped slots' gradients (zp_build_moe.c
-     * tp_regather): its buffer's id + 1 (0: none), freed with the experts' returned buffer
-     * after the block's backward reads both (zp_build_moe_free_backward). */
+     * tp_regather): its buffer (-1: none), freed with the experts' returned buffer after the
+     * block's backward reads both (zp_build_moe_free_backward). */
     int moe_regathered;
     /* A uniform block's cost by kind (zp_build_block_cost) and its modules' kernel shares by
      * kind (module_costs): functions of the model and plan alone, worked out once a build

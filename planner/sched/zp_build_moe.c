@@ -392,7 +392,7 @@ static uint32_t a2a_out(Builder *b, int unit, int micro, gboolean backward, uint
     if (backward) {
         /* the slots' gradients go on into the block's backward (the dispatch's), which frees
          * them with the experts' returned buffer */
-        b->moe_regathered = regathered + 1;
+        b->moe_regathered = regathered;
         return back;
     }
     const uint32_t deps[2] = {back, alloc};
@@ -587,10 +587,10 @@ void zp_build_moe_free_backward(Builder *b, int unit, int micro, int buffer)
     if (buffer >= 0)
         zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, b->moe.dispatch_bytes, unit, micro, buffer,
                            b->last_compute);
-    if (b->moe_regathered > 0)
+    if (b->moe_regathered >= 0)
         zp_build_emit_free(b, ZP_MEM_EP_BUFFERS, b->moe.regathered_bytes, unit, micro,
-                           b->moe_regathered - 1, b->last_compute);
-    b->moe_regathered = 0;
+                           b->moe_regathered, b->last_compute);
+    b->moe_regathered = -1;
 }
 
 void zp_build_moe_param_gather(Builder *b, uint32_t after)

@@ -423,7 +423,7 @@ static ZpSchedule *build(const ZpModel *model, const ZpPlan *plan, gboolean fast
                  .secondary = g_new(int, (gsize)L + 2),
                  .secondary_op = g_new(uint32_t, (gsize)L + 2),
                  .max_ops = zp_schedsize_max_ops(),
-                 .moe = zp_ep_activations(model, plan)};
+                 .moe = zp_ep_activations(model, plan), .moe_regathered = -1};
     /* One stage: room for the ops the plan's estimate allows (an upper bound, 2x DeepSpeed's
      * stage 3; address space only, the pages touched as ops are written) and as many
      * dependencies, over huge pages: the deep stage-3 model's 2.1 million ops grown in place
