@@ -79,15 +79,13 @@ static gboolean check_plan(const ZpSchedule *s, const ZpHw *hw, GError **error)
     }
     ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
     const int n_groups = zp_sched_groups(s, groups);
-    for (int g = 0; g < n_groups; g++)
-        if (!zp_group_tiles(&groups[g], s->world)) {
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "schedule: group %s: %d ranks %d apart (runs of %d, %d apart) do not "
-                        "tile the world of %d", groups[g].name, groups[g].ranks,
-                        groups[g].stride, (int)zp_group_run(&groups[g]),
-                        (int)zp_group_run_stride(&groups[g]), s->world);
+    for (int g = 0; g < n_groups; g++) {
+        char *what = g_strdup_printf("schedule: group %s", groups[g].name);
+        const gboolean tiles = zp_group_check(&groups[g], s->world, what, error);
+        g_free(what);
+        if (!tiles)
             return FALSE;
-        }
+    }
     return sim_coll_check_placement(hw, s->plan.mp, error);
 }
 

@@ -1,6 +1,7 @@
 /* zp_sched_graph: the op graph's names (the JSON schedule's spelling of every enum) and the
  * release of a schedule; what builds one lives in sched/, what reads one in sim/ and real/. */
 #include "zp_sched_graph.h"
+#include "zp_util.h"
 
 #include <jansson.h>
 
@@ -32,6 +33,23 @@ const char *zp_sched_coll_name(ZpCollKind kind) { return zp_sched_coll_names[kin
 const char *zp_sched_mem_name(ZpMemCategory category) { return zp_sched_mem_names[category]; }
 const char *zp_sched_stream_name(ZpStream stream) { return zp_sched_stream_names[stream]; }
 const char *zp_sched_transfer_name(ZpTransferKind kind) { return zp_sched_transfer_names[kind]; }
+
+gboolean zp_group_check(const ZpCommGroup *g, int64_t world, const char *what, GError **error)
+{
+    if (zp_group_tiles(g, world))
+        return TRUE;
+    if (zp_group_run(g) < g->ranks)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %d ranks in runs of %d ranks %d apart, the runs %d apart, do not tile "
+                    "the world of %" G_GINT64_FORMAT " (run must divide ranks, run_stride be a "
+                    "multiple of run x stride, and run_stride x ranks / run divide the world)",
+                    what, g->ranks, g->run, g->stride, g->run_stride, world);
+    else
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: %d ranks %d apart do not tile the world of %" G_GINT64_FORMAT
+                    " (ranks x stride must divide it)", what, g->ranks, g->stride, world);
+    return FALSE;
+}
 
 void *zp_sched_categories_json(const double bytes[ZP_MEM_N])
 {

@@ -260,6 +260,9 @@ static inline gboolean zp_group_tiles(const ZpCommGroup *g, int64_t world)
     return zp_group_span(g) <= world && world % zp_group_span(g) == 0;
 }
 
+/* zp_group_tiles, else one line `what`: the shape and why it does not tile the world. */
+gboolean zp_group_check(const ZpCommGroup *g, int64_t world, const char *what, GError **error);
+
 /* A schedule file's "digest" against its ops (zp_sched_read_json). */
 typedef enum {
     ZP_DIGEST_ABSENT,   /* built, or a file without one (older files, hand-written ones) */

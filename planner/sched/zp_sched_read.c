@@ -59,21 +59,8 @@ static gboolean group_from_json(json_t *g, const char *what, int64_t world, ZpCo
                     "run)", what, run, ranks);
         return FALSE;
     }
-    if (run > 0 ? !zp_group_tiles(&shape, world) : world % (ranks * stride) != 0) {
-        if (run > 0)
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: %" G_GINT64_FORMAT " ranks in runs of %" G_GINT64_FORMAT " ranks %"
-                        G_GINT64_FORMAT " apart, the runs %" G_GINT64_FORMAT " apart, do not "
-                        "tile the world of %" G_GINT64_FORMAT " (run must divide ranks, "
-                        "run_stride be a multiple of run x stride, and run_stride x ranks / run "
-                        "divide the world)", what, ranks, run, stride, run_stride, world);
-        else
-            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
-                        "%s: %" G_GINT64_FORMAT " ranks %" G_GINT64_FORMAT " apart do not tile "
-                        "the world of %" G_GINT64_FORMAT " (ranks x stride must divide it)",
-                        what, ranks, stride, world);
+    if (!zp_group_check(&shape, world, what, error))
         return FALSE;
-    }
     table[index] = shape;
     g_strlcpy(table[index].name, name, sizeof table->name);
     return TRUE;
