@@ -592,6 +592,7 @@ static void test_search_mixtral(void)
         for (guint j = 0; j < c->len; j++) {
             const ZpMoeCandidate *x = &g_array_index(c, ZpMoeCandidate, j);
             if (zp_plan_ep(&x->plan) == zp_plan_ep(&y->plan) && x->plan.mp == y->plan.mp &&
+                zp_plan_etp(&x->plan) == zp_plan_etp(&y->plan) &&
                 zp_plan_pp(&x->plan) == zp_plan_pp(&y->plan) &&
                 x->plan.zero.stage == y->plan.zero.stage &&
                 x->plan.micro_batch == y->plan.micro_batch &&

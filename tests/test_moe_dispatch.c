@@ -401,9 +401,10 @@ static void test_whole_experts(void)
      * group, and the dp ranks; EP 4, the tensor ranks of both dp ranks (runs of 2, 4 apart)
      * and one rank; at mp 4 x dp 2 (8 apart), EP 2 inside the tensor group and the ranks 2
      * apart in the tensor groups of both dp ranks (runs of 2, 8 apart); without a pipeline
-     * DeepSpeed's whole experts as Megatron's (its default); EP 4 under tp-pp-dp, DeepSpeed's
-     * split experts, the paper's whole ones and an ETP other than 1 and mp refused, naming the
-     * field. */
+     * DeepSpeed's whole experts as Megatron's (its default), and its split ones
+     * (enable_expert_tensor_parallelism) EP 2 over the dp ranks, mp apart, as Megatron's; EP 4
+     * under tp-pp-dp, the paper's whole experts and an ETP other than 1 and mp refused, naming
+     * the field. */
     const struct {
         int pp, mp, ep, etp;
         ZpImplKind impl;
@@ -423,8 +424,8 @@ static void test_whole_experts(void)
          "the tp-pp-dp order"},
         {1, 2, 4, 1, ZP_IMPL_DEEPSPEED, ZP_ORDER_TP_DP_PP, {"", 4, 1, 0, 0}, {"", 1, 4, 0, 0},
          NULL},
-        {1, 2, 4, 2, ZP_IMPL_DEEPSPEED, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
-         "experts.etp: 2: DeepSpeed's experts split over TP"},
+        {1, 2, 2, 2, ZP_IMPL_DEEPSPEED, ZP_ORDER_TP_DP_PP, {"", 2, 2, 0, 0}, {"", 1, 4, 0, 0},
+         NULL},
         {1, 2, 4, 1, ZP_IMPL_PAPER, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
          "experts.etp: 1 is Megatron-Core's"},
         {1, 2, 2, 3, ZP_IMPL_MEGATRON, ZP_ORDER_TP_DP_PP, {"", 0, 0, 0, 0}, {"", 0, 0, 0, 0},
@@ -630,8 +631,8 @@ static void test_expert_runs(void)
  *   expert-data-parallel group 1 rank; the schedule file reads back;
  * - folded (one rank) equals every rank simulated; simulate says DeepSpeed's default in its
  *   Defaults line; and refuses what it does not model, naming the key: sequence parallelism
- *   (nothing duplicate to drop), slots TP does not divide, DeepSpeed's split experts; a dense
- *   model under DeepSpeed refuses none of that. */
+ *   (nothing duplicate to drop), slots TP does not divide; a dense model under DeepSpeed
+ *   refuses none of that. */
 static void test_deepspeed_whole_experts(void)
 {
     ZpModel m;
@@ -697,13 +698,90 @@ static void test_deepspeed_whole_experts(void)
         {"--seq 512 --sequence-parallel", "sequence_parallel: DeepSpeed's mixture of experts "
                                           "over TP 2 drops the tensor ranks' duplicate tokens"},
         {"--seq 1004 --capacity-factor 1", "capacity_factor: 1 gives each expert 251 slots"},
-        {"--seq 512 --expert-tp 2", "--expert-tp: 2: DeepSpeed's experts split over TP"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(refused); i++) {
         args = g_strdup_printf("%s %s", common, refused[i].flags);
         tu_zplan_refused(args, refused[i].says);
         g_free(args);
     }
+}
+
+/* DeepSpeed's experts split over TP (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism:
+ * groups._create_expert_data_and_model_parallel takes EP from each tensor rank's data-parallel
+ * ranks; sharded_moe.py MOELayer.forward still drops the tensor ranks' duplicate slots before
+ * the all-to-all, gathers them back over TP before the experts and drops them again after;
+ * Megatron-DeepSpeed's expert MLP all-reduces its row-parallel outputs) on the 2-layer MoE at
+ * mp 2 x dp 2, EP 2, micro-batch 2, capacity factor 1, by hand:
+ * - as whole experts, 16 slots an expert of which a rank dispatches 8: R = 32 slots, each
+ *   all-to-all 4,096 bytes; the two tensor ranks' 32 gathered before the experts, 64 x 64 x 2
+ *   = 8,192 bytes, and after them summed by an all-reduce of as many (forward fc2's output,
+ *   backward fc1's input gradient), with the combined slots' regather of 8,192 after each
+ *   combine: 4 all-gathers and 2 all-reduces of 8,192 a sparse block; the block keeps the
+ *   attention's all-reduce of b s h = 4,096 bytes alone (the experts' outputs come back whole);
+ * - the rank's E / EP = 2 experts split 2 ways (f_e / t = 16) over t R = 64 slots:
+ *   2 x 64 x (64 x 32 + 16 x 64) = 393,216 FLOPs an expert op, 2 x 2 x 3 x 64 x 16 = 12,288
+ *   expert elements; the saved expert activations 64 x (64 + 3 x 16) x 2 = 14,336 bytes and
+ *   the dispatch's buffers (32 + 32 + 64) x 64 x 2 = 16,384;
+ * - EP over the dp ranks, mp apart; one expert-data-parallel rank; the file reads back; folded
+ *   equals every rank; and simulate takes --expert-tp 2 (the default note gone), refusing EP
+ *   that does not divide the data-parallel degree, naming the flag. */
+static void test_deepspeed_split_experts(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    const ZpHw hw = tu_load_hw("dgx-h100");
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 2, 2);
+    p.precision = ZP_PREC_BF16, p.micro_batch = 2;
+    p.experts.ep = 2, p.experts.capacity_factor = 1, p.experts.etp = 2;
+    zp_impl_plan_defaults(&p);
+    g_assert_cmpint(zp_ep_tp_drop(&p), ==, 2);
+    g_assert_cmpint(zp_ep_tp_gather(&p), ==, 2);
+    g_assert_cmpint(zp_ep_tp_gather_back(&p), ==, ZP_COLL_ALLREDUCE);
+    g_assert_false(zp_ep_sparse_mlp_sums(&m, &p));
+    const ZpEpActivations a = zp_ep_activations(&m, &p);
+    g_assert_cmpfloat(a.received_tokens, ==, 32);
+    g_assert_cmpfloat(a.expert_tokens, ==, 64);
+    g_assert_cmpfloat(a.expert_act_bytes, ==, 14336);
+    g_assert_cmpfloat(a.dispatch_bytes, ==, 16384);
+    g_assert_cmpfloat(a.regathered_bytes, ==, 8192);
+    GError *error = NULL;
+    ZpSchedule *s = zp_sched_build(&m, &p, &error);
+    g_assert_no_error(error);
+    g_assert_cmpuint(expert_fwd_ops(s, 393216.0), ==, 2);
+    g_assert_cmpuint(sparse_colls(s, TRUE, 0, 0, 4096), ==, 8);
+    g_assert_cmpuint(sparse_colls(s, FALSE, ZP_GROUP_TP, ZP_COLL_ALLGATHER, 8192), ==, 8);
+    guint sums[2] = {0, 0}; /* the tensor group's all-reduces: the blocks', the experts' */
+    for (guint i = 0; i < s->ops->len; i++) {
+        const ZpOp *op = zp_sched_op(s, i);
+        if (op->kind == ZP_OP_COLLECTIVE && op->group == ZP_GROUP_TP &&
+            op->sub == ZP_COLL_ALLREDUCE && op->unit >= 1 && op->unit <= 2) {
+            g_assert_true(op->bytes == 4096 || op->bytes == 8192);
+            sums[op->bytes == 8192]++;
+        }
+    }
+    g_assert_cmpuint(sums[0], ==, 4);
+    g_assert_cmpuint(sums[1], ==, 4);
+    g_assert_cmpuint(zp_sched_experts(s).total_elems, ==, 12288);
+    ZpCommGroup groups[ZP_SCHED_MAX_GROUPS];
+    zp_sched_groups(s, groups);
+    g_assert_cmpint(groups[ZP_GROUP_EP].ranks, ==, 2);
+    g_assert_cmpint(groups[ZP_GROUP_EP].stride, ==, 2);
+    g_assert_cmpint(groups[ZP_GROUP_EDP].ranks, ==, 1);
+    assert_file_groups(s, NULL);
+    zp_sched_free(s);
+    check_folded_is_explicit(&m, &p, &hw, 1);
+    const char *common = "simulate --model hf/mixtral-8x7b --cluster dgx-h100 --gpus 16 "
+                         "--stage 1 --micro-batch 1 --precision bf16 --seq 512";
+    char *args = g_strdup_printf("%s --mp 2 --ep 8 --expert-tp 2", common);
+    TuRun run = tu_zplan(args);
+    g_assert_cmpint(run.status, ==, 0);
+    g_assert_null(strstr(run.out, "DeepSpeed's default"));
+    tu_free(&run);
+    g_free(args);
+    args = g_strdup_printf("%s --mp 4 --ep 8 --expert-tp 4", common);
+    tu_zplan_refused(args, "--ep: 8 does not divide the data-parallel degree 4");
+    g_free(args);
 }
 
 int main(int argc, char **argv)
@@ -714,5 +792,6 @@ int main(int argc, char **argv)
     g_test_add_func("/moe-dispatch/whole-experts", test_whole_experts);
     g_test_add_func("/moe-dispatch/expert-runs", test_expert_runs);
     g_test_add_func("/moe-dispatch/deepspeed-whole-experts", test_deepspeed_whole_experts);
+    g_test_add_func("/moe-dispatch/deepspeed-split-experts", test_deepspeed_split_experts);
     return g_test_run();
 }

@@ -120,19 +120,32 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
  * MoEAlltoAllTokenDispatcher.dispatch_postprocess: gather_from_sequence_parallel_region over
  * expt_tp; combine_preprocess: reduce_scatter_to_sequence_parallel_region, in the probs' dtype,
  * which moe_utils.py topk_routing_with_score_function casts back to the logits'). Without it
- * every tensor rank holds the whole sequence and routes all of it: no gather. */
+ * every tensor rank holds the whole sequence and routes all of it: no gather. DeepSpeed's
+ * tensor ranks each dispatch 1/t of the slots (zp_ep_tp_drop), and its experts split over TP
+ * gather them back in the same way (MOELayer.forward: gather_tokens after the all-to-all). */
 int zp_ep_tp_gather(const ZpPlan *plan)
 {
-    return plan->experts.dispatcher == ZP_DISPATCH_ALLTOALL && plan->sequence_parallel &&
+    const gboolean own_tokens = plan->sequence_parallel || zp_ep_tp_drop(plan) > 1;
+    return plan->experts.dispatcher == ZP_DISPATCH_ALLTOALL && own_tokens &&
                    zp_plan_etp(plan) > 1
                ? zp_plan_etp(plan)
                : 1;
 }
 
+/* Megatron-Core reduce-scatters the split experts' partial outputs back to the ranks' own
+ * tokens (combine_preprocess, above). DeepSpeed's experts split over TP are Megatron-DeepSpeed's
+ * ParallelMLP(moe=True, enable_expert_tensor_parallelism=True): its RowParallelLinear
+ * all-reduces the t R outputs, and backward its ColumnParallelLinear all-reduces their inputs'
+ * gradients; MOELayer.forward then drops each rank's 1/t again (sharded_moe.py drop_tokens,
+ * a slice, and gather_tokens' backward likewise) for the combine's all-to-all. */
+ZpCollKind zp_ep_tp_gather_back(const ZpPlan *plan)
+{
+    return zp_ep_tp_drop(plan) > 1 ? ZP_COLL_ALLREDUCE : ZP_COLL_REDUCE_SCATTER;
+}
+
 int zp_ep_tp_drop(const ZpPlan *plan)
 {
-    return plan->impl == ZP_IMPL_DEEPSPEED && plan->mp > 1 && zp_plan_etp(plan) == 1 ? plan->mp
-                                                                                     : 1;
+    return plan->impl == ZP_IMPL_DEEPSPEED && plan->mp > 1 ? plan->mp : 1;
 }
 
 gboolean zp_ep_drop_check(const ZpModel *model, const ZpPlan *plan, GError **error)

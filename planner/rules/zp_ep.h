@@ -49,8 +49,9 @@ typedef struct {
     double expert_capacity;  /* tokens an expert takes from one rank; 0: dropless */
     double received_tokens;  /* R: tokens the busiest rank's all-to-all receives */
     double expert_tokens;    /* tokens its experts compute: R, or t R where the expert tensor
-                              * group gathers what its t ranks received (sequence parallelism
-                              * over t > 1: each rank routed its own T = b s / t), and ETP R
+                              * group gathers what its t ranks received (zp_ep_tp_gather: each
+                              * rank routed its own T = b s / t, or dropped all but its 1/t
+                              * of the slots), and ETP R
                               * under the all-gather dispatcher (its E/EP experts' share of
                               * the ETP x EP group's tokens) */
     double gathered_tokens;  /* G = ETP EP T: the ETP x EP group's tokens the all-gather
@@ -82,18 +83,24 @@ typedef struct {
 } ZpEpActivations;
 
 /* t where the expert tensor group all-gathers what its ranks' all-to-all received before the
- * experts (and reduce-scatters their outputs after): the all-to-all dispatcher under sequence
- * parallelism with experts split over t = ETP > 1 tensor ranks; else 1 (whole experts take
- * what they received; the all-gather dispatcher's TP x EP gather spans the expert tensor
- * group itself). */
+ * experts (and sums their outputs back after, zp_ep_tp_gather_back): the all-to-all
+ * dispatcher with experts split over t = ETP > 1 tensor ranks that each dispatched tokens of
+ * their own, Megatron-Core's under sequence parallelism and DeepSpeed's after its drop
+ * (zp_ep_tp_drop; sharded_moe.py MOELayer.forward gather_tokens where the expert model
+ * parallel world size is over 1); else 1 (whole experts take what they received; the
+ * all-gather dispatcher's TP x EP gather spans the expert tensor group itself). */
 int zp_ep_tp_gather(const ZpPlan *plan);
+/* How that gather's t R outputs come back after the experts (and their input gradients
+ * before them): Megatron-Core's reduce-scatter, DeepSpeed's all-reduce (its expert's
+ * row-parallel fc2 forward, its column-parallel fc1's input gradient backward). */
+ZpCollKind zp_ep_tp_gather_back(const ZpPlan *plan);
 
 /* t where DeepSpeed's MoE layer drops the tensor ranks' duplicate tokens (sharded_moe.py
- * MOELayer.forward: with TP > 1 and whole experts every tensor rank holds the whole sequence,
- * and drop_tokens keeps 1/t of each expert's slots before the all-to-all; after the combine's
- * all-to-all gather_tokens all-gathers them over TP for the combine, and backward the drop's
- * backward all-gathers the dispatched slots' gradients): DeepSpeed's whole experts (zp_plan_etp
- * 1) over TP t > 1; else 1. R then counts the rank's 1/t. */
+ * MOELayer.forward: with TP > 1 every tensor rank holds the whole sequence, and drop_tokens
+ * keeps 1/t of each expert's slots before the all-to-all, whole experts or split; after the
+ * combine's all-to-all gather_tokens all-gathers them over TP for the combine, and backward
+ * the drop's backward all-gathers the dispatched slots' gradients): DeepSpeed over TP t > 1;
+ * else 1. R then counts the rank's 1/t. */
 int zp_ep_tp_drop(const ZpPlan *plan);
 /* What that drop needs: the duplicate tokens it drops (no sequence parallelism, whose tensor
  * ranks hold their own tokens: DeepSpeed's MoE layer does not know it and would drop them
@@ -106,7 +113,7 @@ gboolean zp_ep_drop_check(const ZpModel *model, const ZpPlan *plan, GError **err
  * its fc2 reduce-scatters it), and under the all-to-all dispatcher without sequence
  * parallelism experts split over TP leave partial outputs summed over the tensor group; else
  * the expert tensor group (zp_ep_tp_gather) or the all-gather dispatcher's TP x EP group
- * reduce-scatters them itself, or whole experts (ETP 1) return them whole, and the block keeps
+ * sums them itself, or whole experts (ETP 1) return them whole, and the block keeps
  * the attention's sum alone. TRUE at TP 1. */
 gboolean zp_ep_sparse_mlp_sums(const ZpModel *model, const ZpPlan *plan);
 

@@ -304,14 +304,16 @@ static uint32_t alltoall(Builder *b, ZpCollKind kind, int unit, int micro, uint3
                                     elems * s->elem_bytes, deps, 2);
 }
 
-/* The expert tensor group's all-gather of what its t ranks received, or the reduce-scatter of
- * the experts' outputs back (zp_ep_tp_gather; none without sequence parallelism over t > 1):
- * t R h elements in the model's dtype, on the tensor-parallel stream after `after`. */
-static uint32_t tp_gather(Builder *b, ZpCollKind kind, int unit, int micro, uint32_t after)
+/* The expert tensor group's all-gather of what its t ranks received, or (`back`) the
+ * experts' outputs summed back after them (zp_ep_tp_gather_back: Megatron's reduce-scatter,
+ * DeepSpeed's all-reduce; nothing where zp_ep_tp_gather is 1): t R h elements in the model's
+ * dtype, on the tensor-parallel stream after `after`. */
+static uint32_t tp_gather(Builder *b, gboolean back, int unit, int micro, uint32_t after)
 {
     const ZpSchedule *s = b->s;
     if (zp_ep_tp_gather(&s->plan) == 1)
         return after;
+    const ZpCollKind kind = back ? zp_ep_tp_gather_back(&s->plan) : ZP_COLL_ALLGATHER;
     const double elems = b->moe.expert_tokens * (double)s->model.hidden;
     return zp_build_emit_collective(b, kind, ZP_GROUP_TP, unit, micro, -1, 0, (uint64_t)elems,
                                     elems * s->elem_bytes, &after, 1);
@@ -367,16 +369,16 @@ typedef struct {
 } Dispatcher;
 
 /* The all-to-all's: forward the dispatch (then the expert tensor group's gather), and after
- * the experts that gather's reduce-scatter, the combine and unpermute; backward unpermute's
- * backward comes first, then the same collectives, and the experts' input gradients go back
- * through the reduce-scatter and the combine. */
+ * the experts that gather's sum back (tp_gather), the combine (then DeepSpeed's regather)
+ * and unpermute; backward unpermute's backward comes first, then the same collectives, and
+ * the experts' input gradients go back through the sum and the combine. */
 static uint32_t a2a_in(Builder *b, int unit, int micro, gboolean backward, uint32_t after,
                        uint32_t alloc)
 {
     if (backward)
         after = zp_build_emit_compute(b, ZP_COMP_UNPERMUTE_BWD, unit, micro,
                                       unpermute_cost(b, TRUE), &alloc, 1);
-    return tp_gather(b, ZP_COLL_ALLGATHER, unit, micro,
+    return tp_gather(b, FALSE, unit, micro,
                      alltoall(b, ZP_COLL_EP_DISPATCH, unit, micro, after, alloc));
 }
 
@@ -387,7 +389,7 @@ static uint32_t a2a_out(Builder *b, int unit, int micro, gboolean backward, uint
     const uint32_t back = tp_regather(
         b, unit, micro,
         alltoall(b, ZP_COLL_EP_COMBINE, unit, micro,
-                 tp_gather(b, ZP_COLL_REDUCE_SCATTER, unit, micro, expert), alloc),
+                 tp_gather(b, TRUE, unit, micro, expert), alloc),
         &regathered);
     if (backward) {
         /* the slots' gradients go on into the block's backward (the dispatch's), which frees

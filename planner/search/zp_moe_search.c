@@ -121,12 +121,13 @@ static double regather_s(const ZpSearchSpec *spec, const ZpPlan *p)
 /* The tensor group's collectives, as the schedule runs them: a block's two sums of b s h
  * (Megatron's all-reduces, or under sequence parallelism a reduce-scatter and an all-gather,
  * timed as one all-reduce), forward and backward (and recompute); a sparse block's one, the
- * attention's, where its experts return their outputs whole or reduce-scattered
- * (zp_ep_sparse_mlp_sums), with the expert tensor group's all-gather and reduce-scatter of the
- * t R received tokens where it gathers (zp_ep_tp_gather: Megatron's split experts under
- * sequence parallelism), and DeepSpeed's all-gathers of its dropped slots (regather_s). Two
- * sums a block in all, before, were 35% short of the simulated tensor stream for Megatron's
- * split experts and 70% over for whole ones (Mixtral, 64 H100s, s 2048). */
+ * attention's, where its experts return their outputs whole or summed themselves
+ * (zp_ep_sparse_mlp_sums), with the expert tensor group's all-gather and sum back
+ * (zp_ep_tp_gather_back) of the t R received tokens where it gathers (zp_ep_tp_gather:
+ * Megatron's split experts under sequence parallelism, DeepSpeed's split ones), and
+ * DeepSpeed's all-gathers of its dropped slots (regather_s). Two sums a block in all, before,
+ * were 35% short of the simulated tensor stream for Megatron's split experts and 70% over for
+ * whole ones (Mixtral, 64 H100s, s 2048). */
 static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
 {
     if (plan->mp == 1)
@@ -142,7 +143,7 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
         const double moved = zp_ep_activations(m, plan).expert_tokens * (double)m->hidden *
                              zp_plan_elem_bytes(plan->precision);
         gather = tp_coll_s(spec, plan, ZP_COLL_ALLGATHER, moved) +
-                 tp_coll_s(spec, plan, ZP_COLL_REDUCE_SCATTER, moved);
+                 tp_coll_s(spec, plan, zp_ep_tp_gather_back(plan), moved);
     }
     return (plan->checkpoint ? 3.0 : 2.0) * (sums * each + sparse * gather) *
                stage_share(m, plan) * plan->grad_accum +
@@ -322,21 +323,22 @@ static void add_micro(const ZpSearchSpec *spec, ZpPlan *base, GArray *out)
 }
 
 /* Every EP degree and stage at one TP degree and pipeline: the experts split over TP (EP
- * dividing dp), and under --impl megatron over TP > 1 whole on each rank too (ETP 1: EP
- * dividing TP x DP, and with a pipeline a multiple or a divisor of TP: zp_plan_etp_check). */
+ * dividing dp), and under Megatron and DeepSpeed over TP > 1 whole on each rank too (ETP 1:
+ * EP dividing TP x DP, and with a pipeline a multiple or a divisor of TP: zp_plan_etp_check). */
 static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, double skew,
                         double capacity_factor, GArray *out)
 {
     const ZpModel *m = spec->model;
     const int node = MAX(spec->hw->gpus_per_node, 1);
     const int dp = spec->gpus / (mp * MAX(pipe.stages, 1));
-    /* Megatron splits experts over TP or keeps them whole (ETP 1); DeepSpeed keeps them whole
-     * (its default, zp_plan_etp) */
-    const int wholes = spec->impl == ZP_IMPL_MEGATRON && mp > 1 ? 2 : 1;
-    const gboolean deepspeed_whole = spec->impl == ZP_IMPL_DEEPSPEED && mp > 1;
+    /* Megatron and DeepSpeed split experts over TP or keep them whole (ETP 1); the split is
+     * Megatron's default and DeepSpeed's enable_expert_tensor_parallelism (zp_plan_etp) */
+    const gboolean deepspeed = spec->impl == ZP_IMPL_DEEPSPEED;
+    const int wholes = (spec->impl == ZP_IMPL_MEGATRON || deepspeed) && mp > 1 ? 2 : 1;
     for (int whole = 0; whole < wholes; whole++) {
         /* the ranks EP is taken from */
-        const int grid = whole || deepspeed_whole ? mp * dp : dp;
+        const int grid = whole ? mp * dp : dp;
+        const int etp = whole ? 1 : deepspeed ? mp : 0;
         for (int ep = 1; ep <= grid; ep++) {
             if (m->moe.experts % ep || grid % ep)
                 continue;
@@ -352,7 +354,7 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
                  * parallelism (moe_layer.py MoELayer.forward raises without it). */
                 base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
                 base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL,
-                                                whole ? 1 : 0};
+                                                etp};
                 if (!zp_plan_etp_check(&base, TRUE, "", NULL))
                     continue;
                 add_micro(spec, &base, out);

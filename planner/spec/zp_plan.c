@@ -343,11 +343,6 @@ gboolean zp_plan_etp_check(const ZpPlan *plan, gboolean experts, const char *fla
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: 1 is Megatron-Core's "
                     "--expert-tensor-parallel-size (--impl megatron) and DeepSpeed's default; "
                     "%s's experts are timed split over TP", flag, zp_impl_name(plan->impl));
-    else if (experts && !whole && mp > 1 && plan->impl == ZP_IMPL_DEEPSPEED)
-        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %d: DeepSpeed's experts split over "
-                    "TP (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism, which "
-                    "gathers every dispatched token over TP) are not modeled; its default keeps "
-                    "them whole (1)", flag, etp);
     else if (experts && plan->impl == ZP_IMPL_MEGATRON && pp > 1 &&
              plan->rank_order != ZP_ORDER_TP_DP_PP && zp_plan_etp(plan) * ep != mp)
         /* initialize.py passes order tp-cp-ep-pp-dp under --use-tp-pp-dp-mapping, and
@@ -542,7 +537,10 @@ void *zp_plan_to_json(const ZpPlan *plan)
     if (plan->rank_order != ZP_ORDER_TP_DP_PP) /* only where it is not the default */
         json_object_set_new(o, "rank_order", json_string(zp_rank_order_name(plan->rank_order)));
     /* Expert parallelism (a mixture of experts) only where it is not the default. */
-    const gboolean own_etp = zp_plan_etp(plan) != plan->mp;
+    ZpPlan reader = *plan; /* what a file without "etp" reads as: the framework's default */
+    reader.experts.etp = 0;
+    const gboolean own_etp =
+        zp_plan_etp(plan) != plan->mp || zp_plan_etp(plan) != zp_plan_etp(&reader);
     if (zp_plan_ep(plan) > 1 || plan->experts.capacity_factor > 0 || plan->experts.skew > 1 ||
         plan->experts.dispatcher != ZP_DISPATCH_ALLTOALL || own_etp) {
         json_t *x = json_pack("{s:i, s:f, s:f}", "ep", zp_plan_ep(plan), "capacity_factor",

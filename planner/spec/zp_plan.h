@@ -427,10 +427,9 @@ const char *zp_dispatcher_name(ZpDispatcher dispatcher);
  * line naming `flag`. TRUE for the all-to-all. */
 gboolean zp_plan_dispatcher_check(const ZpPlan *plan, const char *flag, GError **error);
 /* Expert tensor parallelism: the TP degree or 1 (zp_plan_etp's defaults); whole experts (1)
- * under TP > 1 only for Megatron-Core and DeepSpeed, and DeepSpeed's only so (its experts
- * split over TP are not modeled); with a pipeline, EP a multiple or a divisor of TP (its
- * groups whole tensor groups of EP / TP dp ranks, or EP tensor ranks of one), and unless EP is
- * TP, the tp-dp-pp order (where those groups are runs of ranks on the nodes), and Megatron's
+ * under TP > 1 only for Megatron-Core and DeepSpeed; with a pipeline, EP a multiple or a
+ * divisor of TP (its groups whole tensor groups of EP / TP dp ranks, or EP tensor ranks of
+ * one), and unless EP is TP, the tp-dp-pp order (where those groups are runs of ranks on the nodes), and Megatron's
  * ETP x EP = TP with a pipeline under tp-pp-dp (which Megatron asserts); else one line naming
  * `flag`. `experts`: the model has a mixture of experts (without one, only a degree
  * other than 1 and TP fails). EP's divisibility is zp_ep_check's. */
