@@ -118,16 +118,36 @@ static double regather_s(const ZpSearchSpec *spec, const ZpPlan *p)
            (double)zp_moe_sparse_layers(&m->moe, m->layers) * (double)MAX(p->grad_accum, 1);
 }
 
+/* One sum of `bytes` over the tensor group as the schedule runs it (zp_build_tp_sum_shape):
+ * an all-reduce, or under sequence parallelism a reduce-scatter and an all-gather. */
+static double tp_sum_s(const ZpSearchSpec *spec, const ZpPlan *plan, double bytes)
+{
+    return plan->sequence_parallel ? tp_coll_s(spec, plan, ZP_COLL_REDUCE_SCATTER, bytes) +
+                                         tp_coll_s(spec, plan, ZP_COLL_ALLGATHER, bytes)
+                                   : tp_coll_s(spec, plan, ZP_COLL_ALLREDUCE, bytes);
+}
+
+/* The vocabulary's collectives a micro-step (zp_build_step.c): VocabParallelEmbedding's sum
+ * forward on the first stage, and on the last the head's loss (zp_build_vocab_parallel_head:
+ * two fp32 a token from each rank, all-gathered) and its input gradient's sum backward. With
+ * a pipeline they are on two stages: the dearer stands for the stage the screen times. */
+static double vocab_s(const ZpSearchSpec *spec, const ZpPlan *plan, double sum_s)
+{
+    const double tokens = (double)plan->micro_batch * (double)spec->model->seq_len;
+    const double head = tp_coll_s(spec, plan, ZP_COLL_ALLGATHER, 8.0 * tokens * plan->mp) + sum_s;
+    return zp_plan_pp(plan) > 1 ? fmax(sum_s, head) : sum_s + head;
+}
+
 /* The tensor group's collectives, as the schedule runs them: a block's two sums of b s h
- * (Megatron's all-reduces, or under sequence parallelism a reduce-scatter and an all-gather,
- * timed as one all-reduce), forward and backward (and recompute); a sparse block's one, the
- * attention's, where its experts return their outputs whole or summed themselves
- * (zp_ep_sparse_mlp_sums), with the expert tensor group's all-gather and sum back
- * (zp_ep_tp_gather_back) of the t R received tokens where it gathers (zp_ep_tp_gather:
- * Megatron's split experts under sequence parallelism, DeepSpeed's split ones), and
+ * (tp_sum_s), forward and backward (and recompute); a sparse block's one, the attention's,
+ * where its experts return their outputs whole or summed themselves (zp_ep_sparse_mlp_sums),
+ * with the expert tensor group's all-gather and sum back (zp_ep_tp_gather_back) of the t R
+ * received tokens where it gathers (zp_ep_tp_gather: Megatron's split experts under sequence
+ * parallelism, DeepSpeed's split ones); the embedding's and the head's (vocab_s); and
  * DeepSpeed's all-gathers of its dropped slots (regather_s). Two sums a block in all, before,
  * were 35% short of the simulated tensor stream for Megatron's split experts and 70% over for
- * whole ones (Mixtral, 64 H100s, s 2048). */
+ * whole ones (Mixtral, 64 H100s, s 2048); the sums under sequence parallelism timed as one
+ * all-reduce and the vocabulary's left out, 6-15% short. */
 static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
 {
     if (plan->mp == 1)
@@ -135,7 +155,7 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
     const ZpModel *m = spec->model;
     const double bytes = (double)plan->micro_batch * (double)m->seq_len * (double)m->hidden *
                          zp_plan_elem_bytes(plan->precision);
-    const double each = tp_coll_s(spec, plan, ZP_COLL_ALLREDUCE, bytes);
+    const double each = tp_sum_s(spec, plan, bytes);
     const double sparse = (double)zp_moe_sparse_layers(&m->moe, m->layers);
     const double sums = 2.0 * (double)m->layers - (zp_ep_sparse_mlp_sums(m, plan) ? 0 : sparse);
     double gather = 0; /* the expert tensor group's pair, a sparse block's pass */
@@ -145,8 +165,10 @@ static double tp_s(const ZpSearchSpec *spec, const ZpPlan *plan)
         gather = tp_coll_s(spec, plan, ZP_COLL_ALLGATHER, moved) +
                  tp_coll_s(spec, plan, zp_ep_tp_gather_back(plan), moved);
     }
-    return (plan->checkpoint ? 3.0 : 2.0) * (sums * each + sparse * gather) *
-               stage_share(m, plan) * plan->grad_accum +
+    return ((plan->checkpoint ? 3.0 : 2.0) * (sums * each + sparse * gather) *
+                stage_share(m, plan) +
+            vocab_s(spec, plan, each)) *
+               plan->grad_accum +
            regather_s(spec, plan) * stage_share(m, plan);
 }
 
