@@ -15,6 +15,9 @@ static const char *const llama_70b =
     "    --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \\\n"
     "    --num-layers 80 --hidden-size 8192 --num-attention-heads 64 \\\n"
     "    --group-query-attention --num-query-groups 8 --seq-length 4096 \\\n"
+    "    --ffn-hidden-size 28672 --swiglu --untie-embeddings-and-output-weights \\\n"
+    "    --normalization RMSNorm --disable-bias-linear --position-embedding-type rope \\\n"
+    "    --attention-dropout 0.0 --hidden-dropout 0.0 \\\n"
     "    --micro-batch-size 1 --global-batch-size 64 --recompute-activations \\\n"
     "    --bf16 --use-flash-attn --lr 3e-4 --data-path '/data/my corpus' --log-interval=10\n";
 
@@ -91,7 +94,7 @@ static void test_plan(void)
     g_assert_false(p.p2p_sync);
     g_assert_cmpuint(warnings->len, ==, 1);
     g_assert_nonnull(strstr(g_ptr_array_index(warnings, 0),
-                            "--group-query-attention, --lr, --data-path, --log-interval"));
+                            "ignored: --lr, --data-path, --log-interval"));
     g_ptr_array_unref(warnings);
     /* interleaving from layers per virtual stage; full recomputation of every layer */
     char *argv[] = {"--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage",
@@ -121,7 +124,8 @@ static void test_plan(void)
                                          &attention, warnings, &error));
     g_assert_no_error(error);
     g_assert_cmpint(p.rank_order, ==, ZP_ORDER_TP_PP_DP);
-    g_assert_cmpuint(warnings->len, ==, 0); /* read, not listed as of no bearing */
+    for (guint i = 0; i < warnings->len; i++) /* read, not listed as of no bearing */
+        g_assert_null(strstr(g_ptr_array_index(warnings, i), "--use-tp-pp-dp-mapping"));
     g_ptr_array_unref(warnings);
     g_unlink(path);
     g_free(path);
@@ -183,6 +187,94 @@ static void test_refusals(void)
     }
 }
 
+/* The architecture the flags build (argument_utils.py core_transformer_config_from_args,
+ * transformer_config.py's defaults) against the model: Llama-2-70B's launch with its
+ * parallel flags alone is taken, the plan the full script's, with one warning naming each
+ * property Megatron's defaults would build otherwise (and no more); a flag given that builds
+ * otherwise is refused naming it, for Llama-2-70B (RMSNorm, 8 key/value heads: 1 under
+ * --group-query-attention alone, the 64 heads under --num-query-groups without it, no
+ * dropout), GPT-2 style gpt-13b (plain MLP, biases, learned positions, tied, dropout) and
+ * Qwen2's qkv bias alone (--add-qkv-bias taken beside --disable-bias-linear). */
+static void test_architecture(void)
+{
+    const ZpModel llama = tu_load_model("models/hf/llama-2-70b");
+    const char *parallel = "--tensor-model-parallel-size 8 --num-layers 80 --hidden-size 8192 "
+                           "--num-attention-heads 64 --group-query-attention "
+                           "--num-query-groups 8 --micro-batch-size 1 --global-batch-size 64 "
+                           "--bf16";
+    ZpPlan alone, full;
+    char *said;
+    g_assert_true(parse_words("args.sh", parallel, &llama, 64, &alone, &said));
+    g_test_message("%s", said);
+    const char *absent[] = {
+        "--swiglu (absent: a plain MLP; the model's: a gated SiLU MLP (SwiGLU))",
+        "--untie-embeddings-and-output-weights (absent: the output layer tied to the embedding; "
+        "the model's: an output layer of its own)",
+        "--normalization (absent: LayerNorm; the model's: RMSNorm)",
+        "--disable-bias-linear (absent: biases on qkv, proj and the MLP; the model's: no biases)",
+        "--position-embedding-type (absent: a learned position table; the model's: rotary "
+        "embeddings)",
+        "--attention-dropout and --hidden-dropout (absent: dropout; the model's: no dropout)"};
+    for (size_t i = 0; i < G_N_ELEMENTS(absent); i++)
+        g_assert_nonnull(strstr(said, absent[i]));
+    g_assert_null(strchr(said, '\n'));
+    g_assert_null(strstr(said, "key/value"));
+    g_free(said);
+    char *whole = g_strdup_printf("%s --swiglu --untie-embeddings-and-output-weights "
+                                  "--normalization RMSNorm --disable-bias-linear "
+                                  "--position-embedding-type rope --attention-dropout 0 "
+                                  "--hidden-dropout 0", parallel);
+    g_assert_true(parse_words("args.sh", whole, &llama, 64, &full, &said));
+    g_assert_cmpstr(said, ==, "");
+    g_assert_cmpint(memcmp(&alone, &full, sizeof alone), ==, 0);
+    g_free(said);
+    g_free(whole);
+    const ZpModel gpt = tu_load_model("gpt-13b"), qwen = tu_load_model("models/hf/qwen2-0.5b");
+    const struct {
+        const ZpModel *model;
+        const char *args, *message;
+    } cases[] = {
+        {&llama, "--normalization LayerNorm", "--normalization: Megatron builds LayerNorm, but "
+                                              "the model (llama-2-70b) has RMSNorm"},
+        {&llama, "--group-query-attention", "--group-query-attention: Megatron builds 1 "
+                                            "key/value head, but the model (llama-2-70b) has 8"},
+        {&llama, "--num-query-groups 8", "--num-query-groups: Megatron builds 64 key/value heads"},
+        {&llama, "--hidden-dropout 0.1", "--hidden-dropout: Megatron builds dropout, but the "
+                                         "model (llama-2-70b) has no dropout"},
+        {&llama, "--normalization LayerNorm1P", "--normalization: unknown value"},
+        {&gpt, "--swiglu", "--swiglu: Megatron builds a gated SiLU MLP (SwiGLU), but the model "
+                           "(gpt-13b) has a plain MLP"},
+        {&gpt, "--quick-geglu", "--quick-geglu: Megatron builds a gated GELU MLP (GeGLU)"},
+        {&gpt, "--untie-embeddings-and-output-weights", "the output layer tied to the embedding"},
+        {&gpt, "--disable-bias-linear", "--disable-bias-linear: Megatron builds no biases"},
+        {&gpt, "--use-rotary-position-embeddings", "--use-rotary-position-embeddings: Megatron "
+                                                   "builds rotary embeddings"},
+        {&gpt, "--attention-dropout 0 --hidden-dropout 0", "--attention-dropout: Megatron "
+                                                           "builds no dropout"},
+        {&gpt, "--qk-layernorm", "--qk-layernorm: Megatron normalizes each head's q and k"},
+        {&qwen, "--disable-bias-linear", "--disable-bias-linear: Megatron builds no biases, but "
+                                         "the model (qwen2-0.5b) has a bias on qkv alone"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        ZpPlan p;
+        g_assert_false(parse_words("args.sh", cases[i].args, cases[i].model, 8, &p, &said));
+        g_test_message("%s: %s", cases[i].args, said);
+        g_assert_nonnull(strstr(said, cases[i].message));
+        g_assert_true(g_str_has_prefix(said, "args.sh: "));
+        g_free(said);
+    }
+    /* agreeing flags pass: gpt-13b at Megatron's defaults, Qwen2's qkv bias alone */
+    ZpPlan p;
+    g_assert_true(parse_words("args.sh", "--squared-relu --normalization LayerNorm "
+                              "--position-embedding-type learned_absolute", &gpt, 8, &p, &said));
+    g_assert_cmpstr(said, ==, "");
+    g_free(said);
+    g_assert_true(parse_words("args.sh", "--disable-bias-linear --add-qkv-bias", &qwen, 8, &p,
+                              &said));
+    g_assert_null(strstr(said, "bias"));
+    g_free(said);
+}
+
 /* From the command line: the plan's figures, and plan flags beside the file refused. */
 static void test_cli(void)
 {
@@ -236,7 +328,11 @@ static void test_moe(void)
 {
     const ZpModel m = tu_load_model("models/hf/mixtral-8x7b");
     const char *base = "--num-experts 8 --moe-token-dispatcher-type alltoall --moe-grouped-gemm "
-                       "--tensor-model-parallel-size 2 --sequence-parallel --bf16";
+                       "--tensor-model-parallel-size 2 --sequence-parallel --bf16 --swiglu "
+                       "--untie-embeddings-and-output-weights --normalization RMSNorm "
+                       "--disable-bias-linear --position-embedding-type rope "
+                       "--group-query-attention --num-query-groups 8 --attention-dropout 0 "
+                       "--hidden-dropout 0";
     ZpPlan p;
     char *said;
     char *args = g_strdup_printf("%s --expert-model-parallel-size 4 "
@@ -433,6 +529,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/megatron-args/plan", test_plan);
     g_test_add_func("/megatron-args/refusals", test_refusals);
+    g_test_add_func("/megatron-args/architecture", test_architecture);
     g_test_add_func("/megatron-args/cli", test_cli);
     g_test_add_func("/megatron-args/moe", test_moe);
     return g_test_run();

@@ -20,6 +20,13 @@ typedef struct {
     gboolean grouped_gemm, pad_capacity;
     int dispatcher;
     const char *layer_freq;
+    /* The architecture Megatron builds from its flags (arch_rows): the MLP's activation, an
+     * untied output layer, biases, grouped-query attention (query_groups -1 when absent: 1),
+     * q/k norms, the normalization and position embedding as chosen (-1: absent, Megatron's
+     * LayerNorm and learned_absolute), the dropouts (-1: absent, 0.1 each) */
+    gboolean swiglu, quick_geglu, squared_relu, untie, no_bias, qkv_bias, gqa, qk_norm, rope;
+    double query_groups, attention_dropout, hidden_dropout;
+    int norm, positions;
 } Args;
 
 typedef enum {
@@ -32,7 +39,7 @@ typedef enum {
 } ArgKind;
 
 typedef enum {
-    DIM_LAYERS, DIM_HIDDEN, DIM_HEADS, DIM_SEQ, DIM_FFN, DIM_GROUPS, DIM_KV_CHANNELS,
+    DIM_LAYERS, DIM_HIDDEN, DIM_HEADS, DIM_SEQ, DIM_FFN, DIM_KV_CHANNELS,
     DIM_EXPERT_FFN, DIM_SHARED_FFN
 } ModelDim;
 
@@ -76,7 +83,7 @@ static const ArgRule rules[] = {
     DIM("--num-attention-heads", DIM_HEADS),
     DIM("--seq-length", DIM_SEQ),
     DIM("--ffn-hidden-size", DIM_FFN),
-    DIM("--num-query-groups", DIM_GROUPS),
+    NUM("--num-query-groups", query_groups, 1, 1 << 20),
     /* arguments.py: kv_channels, each head's width, hidden_size // num_attention_heads unless
      * given (the model's head_dim) */
     DIM("--kv-channels", DIM_KV_CHANNELS),
@@ -108,6 +115,20 @@ static const ArgRule rules[] = {
     /* initialize.py: order tp-cp-ep-pp-dp, not the default tp-cp-ep-dp-pp (ZpRankOrder) */
     SW("--use-tp-pp-dp-mapping", tp_pp_dp),
     REFUSE("--cpu-offloading", "activation offload is not modeled"),
+    /* the architecture (arch_rows): checked against the model */
+    SW("--swiglu", swiglu),
+    SW("--quick-geglu", quick_geglu),
+    SW("--squared-relu", squared_relu),
+    SW("--untie-embeddings-and-output-weights", untie),
+    SW("--disable-bias-linear", no_bias),
+    SW("--add-qkv-bias", qkv_bias),
+    SW("--group-query-attention", gqa),
+    SW("--qk-layernorm", qk_norm),
+    SW("--use-rotary-position-embeddings", rope), /* arguments.py: position_embedding_type rope */
+    CHOICE("--normalization"),
+    CHOICE("--position-embedding-type"),
+    REAL("--attention-dropout", attention_dropout, 0, 1),
+    REAL("--hidden-dropout", hidden_dropout, 0, 1),
 };
 
 static int64_t model_dim(const ZpModel *m, ModelDim d)
@@ -118,7 +139,6 @@ static int64_t model_dim(const ZpModel *m, ModelDim d)
     case DIM_HEADS: return m->heads;
     case DIM_SEQ: return m->seq_len;
     case DIM_FFN: return m->ffn_hidden;
-    case DIM_GROUPS: return zp_model_kv_heads(m);
     case DIM_KV_CHANNELS: return zp_model_head_dim(m);
     case DIM_EXPERT_FFN: return m->moe.expert_ffn;
     case DIM_SHARED_FFN: return m->moe.shared_ffn;
@@ -152,11 +172,21 @@ static gboolean choice(const char *what, const char *flag, const char *value, Ar
     static const char *const backend[] = {"auto", "flash", "fused", "unfused", "local", NULL};
     static const char *const optimizer[] = {"adam", "sgd", NULL};
     static const char *const dispatcher[] = {"allgather", "alltoall", "flex", NULL};
+    static const char *const normalization[] = {"LayerNorm", "RMSNorm", NULL};
+    /* arguments.py's choices; transformer_config.py: yarn and mrope rotate as rope does */
+    static const char *const positions[] = {"learned_absolute", "rope", "yarn", "mrope",
+                                            "relative", "none", NULL};
     int v;
     char *name = g_strdup_printf("%s: %s", what, flag);
     gboolean ok = TRUE;
     if (strcmp(flag, "--moe-layer-freq") == 0) {
         a->layer_freq = value; /* an integer or a Python list expression: moe_plan */
+    } else if (strcmp(flag, "--normalization") == 0) {
+        ok = zp_parse_choice(value, name, normalization, &v, error);
+        a->norm = ok ? v : -1;
+    } else if (strcmp(flag, "--position-embedding-type") == 0) {
+        ok = zp_parse_choice(value, name, positions, &v, error);
+        a->positions = ok ? v : -1;
     } else if (strcmp(flag, "--moe-token-dispatcher-type") == 0) {
         ok = zp_parse_choice(value, name, dispatcher, &v, error);
         a->dispatcher = ok ? v : 0;
@@ -224,6 +254,142 @@ static gboolean take(const char *what, const ZpModel *model, const char *flag, c
         return FALSE;
     }
     return TRUE;
+}
+
+/* ---- the architecture the flags build, against the model ------------------------------ */
+
+/* One property of the architecture: what Megatron builds from the flags and what the model
+ * has, each as words (equal words: the same); `given` whether any of its flags was there. */
+typedef struct {
+    const char *flag; /* the flag to name: the one given, else the one that would say it */
+    gboolean given;
+    const char *megatron, *model;
+} ArchRow;
+
+static const char *mlp_words(gboolean gated, gboolean gelu)
+{
+    return !gated ? "a plain MLP" : gelu ? "a gated GELU MLP (GeGLU)" : "a gated SiLU MLP (SwiGLU)";
+}
+
+/* Which linear layers carry a bias, qkv (1), proj (2), the MLP (4), as words. */
+static const char *bias_words(unsigned biased)
+{
+    static const char *const words[8] = {
+        "no biases", "a bias on qkv alone", "a bias on proj alone", "biases on qkv and proj",
+        "a bias on the MLP alone", "biases on qkv and the MLP", "biases on proj and the MLP",
+        "biases on qkv, proj and the MLP"};
+    return words[biased & 7];
+}
+
+static const char *position_words(int kind)
+{
+    static const char *const words[3] = {"a learned position table", "rotary embeddings",
+                                         "neither a position table nor rotary embeddings"};
+    return words[kind];
+}
+
+static const char *dropout_words(gboolean on)
+{
+    return on ? "dropout" : "no dropout";
+}
+
+/* The rows (at most ARCH_ROWS) for the model and the flags, as Megatron reads them:
+ * argument_utils.py core_transformer_config_from_args (--swiglu, --quick-geglu and
+ * --squared-relu choose the MLP; num_query_groups only under --group-query-attention, else
+ * the heads; arguments.py validate_args: add_qkv_bias follows add_bias_linear,
+ * --use-rotary-position-embeddings is rope), transformer_config.py's defaults (LayerNorm, a
+ * bias on every linear layer, dropout 0.1 on the attention and the hidden states) and
+ * arguments.py's (learned_absolute positions; --untie-embeddings-and-output-weights absent,
+ * the output layer shares the embedding). */
+enum { ARCH_ROWS = 7 };
+static int arch_rows(const ZpModel *m, const Args *a, ArchRow *rows, char **owned)
+{
+    int n = 0;
+    const gboolean model_gated = zp_model_gated(m);
+    const char *mlp_flag = a->quick_geglu ? "--quick-geglu" : a->squared_relu ? "--squared-relu"
+                                                                              : "--swiglu";
+    rows[n++] = (ArchRow){mlp_flag, a->swiglu || a->quick_geglu || a->squared_relu,
+                          mlp_words(a->swiglu || a->quick_geglu, a->quick_geglu),
+                          mlp_words(model_gated, m->mlp == ZP_MLP_GEGLU)};
+    rows[n++] = (ArchRow){"--untie-embeddings-and-output-weights", a->untie,
+                          a->untie ? "an output layer of its own" : "the output layer tied to "
+                                                                    "the embedding",
+                          m->tied_embeddings ? "the output layer tied to the embedding"
+                                             : "an output layer of its own"};
+    rows[n++] = (ArchRow){"--normalization", a->norm >= 0, a->norm == 1 ? "RMSNorm" : "LayerNorm",
+                          m->norm == ZP_NORM_RMSNORM ? "RMSNorm" : "LayerNorm"};
+    const unsigned linear = a->no_bias ? 0u : 7u;
+    const unsigned model_biased = (m->no_bias & ZP_NO_BIAS_QKV ? 0u : 1u) |
+                                  (m->no_bias & ZP_NO_BIAS_PROJ ? 0u : 2u) |
+                                  (m->no_bias & ZP_NO_BIAS_MLP ? 0u : 4u);
+    rows[n++] = (ArchRow){a->qkv_bias && !a->no_bias ? "--add-qkv-bias" : "--disable-bias-linear",
+                          a->no_bias || a->qkv_bias, bias_words(linear | (a->qkv_bias ? 1u : 0u)),
+                          bias_words(model_biased)};
+    const int type = a->rope ? 1 : a->positions < 0 ? 0 : a->positions;
+    const int megatron_positions = type == 0 ? 0 : type <= 3 ? 1 : 2;
+    const int model_positions = m->learned_positions ? 0 : m->rope_theta > 0 ? 1 : 2;
+    rows[n++] = (ArchRow){a->rope ? "--use-rotary-position-embeddings"
+                                  : "--position-embedding-type",
+                          a->rope || a->positions >= 0, position_words(megatron_positions),
+                          position_words(model_positions)};
+    const double groups = a->gqa ? (a->query_groups > 0 ? a->query_groups : 1) : (double)m->heads;
+    owned[0] = g_strdup_printf("%.0f key/value head%s", groups, groups == 1 ? "" : "s");
+    owned[1] = g_strdup_printf("%" G_GINT64_FORMAT " key/value head%s", zp_model_kv_heads(m),
+                               zp_model_kv_heads(m) == 1 ? "" : "s");
+    rows[n++] = (ArchRow){a->query_groups > 0 ? "--num-query-groups" : "--group-query-attention",
+                          a->gqa || a->query_groups > 0, owned[0], owned[1]};
+    const double pa = a->attention_dropout >= 0 ? a->attention_dropout : 0.1;
+    const double ph = a->hidden_dropout >= 0 ? a->hidden_dropout : 0.1;
+    rows[n++] = (ArchRow){a->attention_dropout >= 0 ? "--attention-dropout"
+                          : a->hidden_dropout >= 0  ? "--hidden-dropout"
+                                                    : "--attention-dropout and --hidden-dropout",
+                          a->attention_dropout >= 0 || a->hidden_dropout >= 0,
+                          dropout_words(pa > 0 || ph > 0), dropout_words(m->dropout)};
+    return n;
+}
+
+/* The architecture against the model: a flag given that builds otherwise fails naming it;
+ * flags absent whose Megatron default builds otherwise are said in one warning (zplan
+ * simulates the model: a file may carry the parallel flags alone). --qk-layernorm given
+ * needs the model's q and k norms. */
+static gboolean arch_check(const char *what, const ZpModel *m, const Args *a,
+                           GPtrArray *warnings, GError **error)
+{
+    if (a->qk_norm && !m->qk_norm) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: --qk-layernorm: Megatron normalizes "
+                    "each head's q and k, but the model (%s) does not", what, m->name);
+        return FALSE;
+    }
+    ArchRow rows[ARCH_ROWS];
+    char *owned[2] = {NULL, NULL};
+    const int n = arch_rows(m, a, rows, owned);
+    GString *absent = g_string_new(NULL);
+    gboolean ok = TRUE;
+    for (int i = 0; ok && i < n; i++) {
+        if (strcmp(rows[i].megatron, rows[i].model) == 0)
+            continue;
+        if (rows[i].given) {
+            g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: %s: Megatron builds %s, but the "
+                        "model (%s) has %s", what, rows[i].flag, rows[i].megatron, m->name,
+                        rows[i].model);
+            ok = FALSE;
+        } else {
+            g_string_append_printf(absent, "%s%s (absent: %s; the model's: %s)",
+                                   absent->len ? ", " : "", rows[i].flag, rows[i].megatron,
+                                   rows[i].model);
+        }
+    }
+    if (ok && !a->qk_norm && m->qk_norm)
+        g_string_append_printf(absent, "%s--qk-layernorm (absent: no q and k norms; the "
+                               "model's: q and k norms)", absent->len ? ", " : "");
+    if (ok && absent->len)
+        g_ptr_array_add(warnings, g_strdup_printf("%s: Megatron's defaults build otherwise "
+                                                  "than the model (%s), which zplan simulates "
+                                                  "as given: %s", what, m->name, absent->str));
+    g_string_free(absent, TRUE);
+    g_free(owned[0]);
+    g_free(owned[1]);
+    return ok;
 }
 
 /* The degrees and batch the flags give, checked against the GPUs. */
@@ -376,7 +542,8 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                                 int gpus, ZpPlan *plan, gboolean *attention_set,
                                 GPtrArray *warnings, GError **error)
 {
-    Args a = {.tp = 1, .pp = 1, .micro = 1, .ep = 1, .topk = 2};
+    Args a = {.tp = 1, .pp = 1, .micro = 1, .ep = 1, .topk = 2, .query_groups = -1,
+              .attention_dropout = -1, .hidden_dropout = -1, .norm = -1, .positions = -1};
     GString *ignored = g_string_new(NULL);
     int first = 0;
     for (int i = 0; i < argc; i++)
@@ -405,7 +572,8 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                     "--recompute-num-layers 1 (every layer from its input) is modeled", what);
         ok = FALSE;
     }
-    ok = ok && degrees(what, model, gpus, &a, plan, error) &&
+    ok = ok && arch_check(what, model, &a, warnings, error) &&
+         degrees(what, model, gpus, &a, plan, error) &&
          moe_plan(what, model, &a, plan, warnings, error);
     if (ok) {
         plan->precision = a.bf16 ? ZP_PREC_BF16 : a.fp16 ? ZP_PREC_FP16 : ZP_PREC_FP32;

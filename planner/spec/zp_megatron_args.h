@@ -27,6 +27,10 @@
  * --moe-layer-recompute) fail naming the file and flag. A mixture of experts' flags
  * (--num-experts, --expert-model-parallel-size, --moe-expert-capacity-factor, ...) set
  * plan->experts where they agree with `model` and with what zplan times (moe_plan in the .c).
+ * Architecture flags (--swiglu, --untie-embeddings-and-output-weights, --normalization, the
+ * biases, positions, query groups, --qk-layernorm, dropouts) that build otherwise than `model`
+ * fail naming the flag; absent ones whose Megatron default does are said in one warning
+ * (arch_check in the .c).
  * Flags with no bearing on a step's memory or time (learning rate, data, checkpoint paths,
  * logging, ...) are listed in one line appended to `warnings` (g_free'd strings). *attention_set says whether the flags chose the
  * attention kernel (--use-flash-attn, --attention-backend); else the caller chooses it. */
