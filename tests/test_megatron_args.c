@@ -19,7 +19,8 @@ static const char *const llama_70b =
     "    --normalization RMSNorm --disable-bias-linear --position-embedding-type rope \\\n"
     "    --attention-dropout 0.0 --hidden-dropout 0.0 \\\n"
     "    --micro-batch-size 1 --global-batch-size 64 --recompute-activations \\\n"
-    "    --bf16 --use-flash-attn --lr 3e-4 --data-path '/data/my corpus' --log-interval=10\n";
+    "    --bf16 --use-flash-attn --lr 3e-4 --data-path 0.3 '/data/my corpus' 0.7 /data/web \\\n"
+    "    --recompute-modules core_attn --log-interval=10\n";
 
 static char *write_args(const char *text)
 {
@@ -174,6 +175,15 @@ static void test_refusals(void)
         {"--fp16 --bf16", "--fp16 and --bf16"},
         {"--overlap-param-gather", "--overlap-param-gather: needs --use-distributed-optimizer"},
         {"--tensor-model-parallel-size $TP", "--tensor-model-parallel-size"},
+        {"--fp8-format e4m3", "--fp8-format is refused: FP8 training"},
+        {"--tp-comm-overlap", "--tp-comm-overlap is refused"},
+        {"--decoder-first-pipeline-num-layers 3", "an uneven pipeline split is not modeled"},
+        {"--use-precision-aware-optimizer", "other than fp32 are not modeled"},
+        {"--num-distributed-optimizer-instances 2", "--num-distributed-optimizer-instances: "},
+        {"--lr 1e-4 --use-torch-fsdp2", "--use-torch-fsdp2 is refused"},
+        {"--recompute-activations --recompute-modules core_attn mlp",
+         "--recompute-modules mlp: selective recomputation of modules other than core"},
+        {"--recompute-modules", "--recompute-modules needs a value"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         ZpPlan p;

@@ -25,8 +25,9 @@ typedef struct {
      * q/k norms, the normalization and position embedding as chosen (-1: absent, Megatron's
      * LayerNorm and learned_absolute), the dropouts (-1: absent, 0.1 each) */
     gboolean swiglu, quick_geglu, squared_relu, untie, no_bias, qkv_bias, gqa, qk_norm, rope;
-    double query_groups, attention_dropout, hidden_dropout;
+    double query_groups, attention_dropout, hidden_dropout, dist_opt_instances;
     int norm, positions;
+    const char *recompute_module; /* --recompute-modules' first other than core_attn, or NULL */
 } Args;
 
 typedef enum {
@@ -36,6 +37,7 @@ typedef enum {
     A_MODEL,   /* a whole number that must equal the model's (ModelDim) */
     A_CHOICE,  /* a word: handled by its own rule (choice) */
     A_REFUSE,  /* changes memory or time in a way zplan does not model */
+    A_WORDS,   /* words to the next flag (argparse's nargs='+'): each by its rule (choice) */
 } ArgKind;
 
 typedef enum {
@@ -58,6 +60,7 @@ typedef struct {
 #define DIM(f, d) {f, A_MODEL, 0, 0, 0, d, NULL}
 #define CHOICE(f) {f, A_CHOICE, 0, 0, 0, 0, NULL}
 #define REFUSE(f, why) {f, A_REFUSE, 0, 0, 0, 0, why}
+#define WORDS(f) {f, A_WORDS, 0, 0, 0, 0, NULL}
 
 static const ArgRule rules[] = {
     NUM("--tensor-model-parallel-size", tp, 1, 65536),
@@ -89,6 +92,9 @@ static const ArgRule rules[] = {
     DIM("--kv-channels", DIM_KV_CHANNELS),
     CHOICE("--recompute-granularity"),
     CHOICE("--recompute-method"),
+    /* transformer_config.py recompute_modules: selective recomputation's modules, core_attn
+     * by default (zplan's --recompute selective) */
+    WORDS("--recompute-modules"),
     CHOICE("--attention-backend"),
     CHOICE("--optimizer"),
     REFUSE("--no-scatter-gather-tensors-in-pipeline",
@@ -115,6 +121,36 @@ static const ArgRule rules[] = {
     /* initialize.py: order tp-cp-ep-pp-dp, not the default tp-cp-ep-dp-pp (ZpRankOrder) */
     SW("--use-tp-pp-dp-mapping", tp_pp_dp),
     REFUSE("--cpu-offloading", "activation offload is not modeled"),
+    /* What changes a step's memory or time in ways zplan does not model: refused, not listed
+     * among the flags of no bearing (transformer_config.py, model_parallel_config.py,
+     * optimizer_config.py and arguments.py name them) */
+    REFUSE("--fp8-format", "FP8 training (Transformer Engine's FP8 GEMMs) is not modeled"),
+    REFUSE("--fp4-format", "FP4 training (Transformer Engine's FP4 GEMMs) is not modeled"),
+    REFUSE("--fp8-param-gather", "FP8 parameters and their gathers are not modeled"),
+    REFUSE("--tp-comm-overlap",
+           "Transformer Engine's overlap of the tensor-parallel all-gathers and "
+           "reduce-scatters with the GEMMs (userbuffers) is not modeled"),
+    REFUSE("--use-torch-fsdp2", "Megatron's torch FSDP2 wrapping is not modeled under --impl "
+                                "megatron (zplan's fsdp2 is torchtitan's: --impl fsdp2)"),
+    REFUSE("--use-megatron-fsdp", "Megatron-FSDP's sharding is not modeled"),
+    REFUSE("--decoder-first-pipeline-num-layers",
+           "an uneven pipeline split is not modeled (Megatron's uniform split is)"),
+    REFUSE("--decoder-last-pipeline-num-layers",
+           "an uneven pipeline split is not modeled (Megatron's uniform split is)"),
+    REFUSE("--pipeline-model-parallel-layout",
+           "an explicit pipeline layout is not modeled (Megatron's uniform split is)"),
+    REFUSE("--account-for-embedding-in-pipeline-split",
+           "an uneven pipeline split is not modeled (Megatron's uniform split is)"),
+    REFUSE("--account-for-loss-in-pipeline-split",
+           "an uneven pipeline split is not modeled (Megatron's uniform split is)"),
+    REFUSE("--use-precision-aware-optimizer",
+           "optimizer states or main parameters and gradients other than fp32 are not modeled"),
+    REFUSE("--optimizer-cpu-offload", "the hybrid CPU/GPU optimizer is not modeled under --impl "
+                                      "megatron"),
+    NUM("--num-distributed-optimizer-instances", dist_opt_instances, 1, 65536),
+    REFUSE("--overlap-moe-expert-parallel-comm",
+           "the expert all-to-alls overlapped with another micro-batch's compute are not modeled"),
+    REFUSE("--delay-wgrad-compute", "weight gradients delayed for overlap are not modeled"),
     /* the architecture (arch_rows): checked against the model */
     SW("--swiglu", swiglu),
     SW("--quick-geglu", quick_geglu),
@@ -179,7 +215,10 @@ static gboolean choice(const char *what, const char *flag, const char *value, Ar
     int v;
     char *name = g_strdup_printf("%s: %s", what, flag);
     gboolean ok = TRUE;
-    if (strcmp(flag, "--moe-layer-freq") == 0) {
+    if (strcmp(flag, "--recompute-modules") == 0) {
+        if (strcmp(value, "core_attn") != 0 && !a->recompute_module)
+            a->recompute_module = value;
+    } else if (strcmp(flag, "--moe-layer-freq") == 0) {
         a->layer_freq = value; /* an integer or a Python list expression: moe_plan */
     } else if (strcmp(flag, "--normalization") == 0) {
         ok = zp_parse_choice(value, name, normalization, &v, error);
@@ -400,6 +439,9 @@ static gboolean degrees(const char *what, const ZpModel *model, int gpus, const 
     char *text = NULL;
     if (a->cp > 1)
         text = g_strdup("--context-parallel-size: context parallelism is not modeled");
+    else if (a->dist_opt_instances > 1) /* distrib_optimizer.py: partial sharding */
+        text = g_strdup("--num-distributed-optimizer-instances: the optimizer sharded over part "
+                        "of the data-parallel ranks, replicated over the rest, is not modeled");
     else if (fmod(gpus, tp * pp) != 0)
         text = g_strdup_printf("--tensor-model-parallel-size x --pipeline-model-parallel-size "
                                "= %.0f does not divide the %d GPUs", tp * pp, gpus);
@@ -560,10 +602,37 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                             : i + 1 < argc && !g_str_has_prefix(argv[i + 1], "--") ? argv[i + 1]
                                                                                    : NULL;
         gboolean used = FALSE;
+        const ArgRule *words = find_rule(kv[0]);
+        if (words && words->kind == A_WORDS) {
+            if (!value) {
+                ok = fail(error, what, kv[0], "needs a value%s", "");
+            } else if (kv[1]) {
+                ok = choice(what, kv[0], value, &a, error);
+            } else {
+                for (; ok && i + 1 < argc && !g_str_has_prefix(argv[i + 1], "--"); i++)
+                    ok = choice(what, kv[0], argv[i + 1], &a, error);
+            }
+            g_strfreev(kv);
+            continue;
+        }
         ok = take(what, model, kv[0], value, &a, ignored, &used, error);
         if (used && !kv[1])
             i++;
+        /* A flag zplan ignores may take several values (argparse's nargs='+': a blended
+         * --data-path's weights and prefixes, --recompute-modules' names): all its words,
+         * to the next flag, are its own. */
+        if (ok && !find_rule(kv[0]) && !kv[1])
+            while (i + 1 < argc && !g_str_has_prefix(argv[i + 1], "--"))
+                i++;
         g_strfreev(kv);
+    }
+    /* transformer_config.py: the modules recomputed under selective recomputation */
+    if (ok && a.selective && a.recompute_module) {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
+                    "%s: --recompute-modules %s: selective recomputation of modules other than "
+                    "core attention (core_attn, Megatron's default) is not modeled", what,
+                    a.recompute_module);
+        ok = FALSE;
     }
     /* arguments.py: full recomputation names its method and layers; zplan's is every layer */
     if (ok && a.full && !(a.uniform && a.recompute_layers == 1)) {
