@@ -184,6 +184,59 @@ static double ds_step_s(const char *path, const char *config, const char *flags,
     return step_s;
 }
 
+/* data_types.grad_accum_dtype as DeepSpeed's engine takes it (engine.py
+ * _do_optimizer_sanity_check): under ZeRO's optimizer it changes nothing, the step the same
+ * as without the key (bf16 at stage 3, fp16 at stage 1); bf16 accumulated in fp32 at stage 1
+ * (BF16_Optimizer) is refused as not modeled, a dtype other than the model's without ZeRO as
+ * DeepSpeed's unsupported mix, and a name DeepSpeed does not know; each in one line naming
+ * the key, exit 1. */
+static void test_grad_accum_dtype(void)
+{
+    char *dir = NULL;
+    char *path = tu_tmp_file("dtypes", "ds.json", &dir);
+    const char *base = "{\"train_micro_batch_size_per_gpu\": 1, \"%s\": {\"enabled\": true}, "
+                       "\"zero_optimization\": {\"stage\": %d}%s}";
+    const char *key = ", \"data_types\": {\"grad_accum_dtype\": \"%s\"}";
+    const struct {
+        const char *precision;
+        int stage;
+        const char *dtype, *says; /* NULL: the step without the key */
+    } cases[] = {
+        {"bf16", 3, "fp32", NULL},
+        {"fp16", 1, "float32", NULL},
+        {"bf16", 1, "bf16", NULL},
+        {"bf16", 1, "fp32", "data_types.grad_accum_dtype: fp32 under bf16 at stage 1 runs "
+                            "DeepSpeed's BF16_Optimizer"},
+        {"bf16", 0, "fp32", "data_types.grad_accum_dtype: fp32 with a bf16 model and no ZeRO is "
+                            "an unsupported mix"},
+        {"fp16", 2, "float64", "data_types.grad_accum_dtype: 'float64' is no dtype"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *with_key = g_strdup_printf(key, cases[i].dtype);
+        char *config = g_strdup_printf(base, cases[i].precision, cases[i].stage, with_key);
+        char *plain = g_strdup_printf(base, cases[i].precision, cases[i].stage, "");
+        char *err = NULL;
+        int status;
+        const double step_s = ds_step_s(path, config, "--model gpt2-124m --gpus 8", &err, &status);
+        g_test_message("%s -> %d %s", config, status, err);
+        if (cases[i].says) {
+            g_assert_cmpint(status, ==, 1);
+            g_assert_nonnull(strstr(err, cases[i].says));
+            g_assert_true(strchr(err, '\n') == NULL || strchr(err, '\n')[1] == '\0');
+        } else {
+            g_assert_cmpint(status, ==, 0);
+            g_assert_null(strstr(err, "data_types"));
+            char *plain_err = NULL;
+            int plain_status;
+            g_assert_cmpfloat(ds_step_s(path, plain, "--model gpt2-124m --gpus 8", &plain_err,
+                                        &plain_status), ==, step_s);
+            g_free(plain_err);
+        }
+        g_free(err), g_free(config), g_free(plain), g_free(with_key);
+    }
+    tu_tmp_file_remove(path, dir);
+}
+
 /* expert_parallel (DeepSpeed's AutoEP) sets the expert-parallel degree: the same step as
  * --ep's, and as --ep beside a config without the section (a deepspeed.moe.layer.MoE's
  * ep_size, in the model's code); what contradicts it fails in one line naming the key, and
@@ -304,6 +357,7 @@ int main(int argc, char **argv)
     g_test_add_func("/dsconfig/contradictions", test_contradictions);
     g_test_add_func("/dsconfig/all-reduce-fetch", test_all_reduce_fetch);
     g_test_add_func("/dsconfig/expert-parallel", test_expert_parallel);
+    g_test_add_func("/dsconfig/grad-accum-dtype", test_grad_accum_dtype);
     g_test_add_func("/dsconfig/schedule-default-attention", test_schedule_default_attention);
     return g_test_run();
 }

@@ -52,7 +52,7 @@ static const KeySpec top_keys[] = {
     IGNORED("zero_force_ds_cpu_optimizer"), IGNORED("amp"), IGNORED("dump_state"),
     IGNORED("tensorboard"), IGNORED("wandb"), IGNORED("csv_monitor"), IGNORED("comet"),
     IGNORED("flops_profiler"), IGNORED("autotuning"), IGNORED("elasticity"),
-    IGNORED("data_types"),
+    OWN("data_types"),
     IGNORED("seq_parallel_communication_data_type"), IGNORED("disable_allgather"),
     IGNORED("dataloader_drop_last"), IGNORED("aio"), IGNORED("checkpoint"),
     IGNORED("data_efficiency"), IGNORED("curriculum_learning"),
@@ -776,6 +776,61 @@ static gboolean read_kernels(json_t *root, const char *what, ZpPlan *p, GError *
     return ok;
 }
 
+/* data_types.grad_accum_dtype (runtime/config.py; engine.py get_data_types: the model's dtype
+ * when absent), as engine.py _do_optimizer_sanity_check takes it: with ZeRO, bf16 accumulated
+ * in fp32 at stage 1 without a CPU-offloaded optimizer takes DeepSpeed's BF16_Optimizer
+ * (bf16_optimizer.py: a full fp32 gradient buffer beside the bf16 gradients, all-reduced at
+ * the boundary), which zplan does not model, and every other ZeRO plan the ZeRO optimizer,
+ * which accumulates in the model's dtype (the key changes nothing there); without ZeRO a
+ * dtype other than the model's raises NotImplementedError ("unsupported mix"). The names
+ * are DtypeEnum's. */
+static gboolean read_data_types(json_t *root, const char *what, const ZpPlan *p,
+                                GError **error)
+{
+    static const struct {
+        const char *name;
+        ZpPrecision precision;
+    } dtypes[] = {{"fp16", ZP_PREC_FP16},          {"float16", ZP_PREC_FP16},
+                  {"half", ZP_PREC_FP16},          {"torch.float16", ZP_PREC_FP16},
+                  {"fp32", ZP_PREC_FP32},          {"float32", ZP_PREC_FP32},
+                  {"float", ZP_PREC_FP32},         {"torch.float32", ZP_PREC_FP32},
+                  {"bf16", ZP_PREC_BF16},          {"bfloat16", ZP_PREC_BF16},
+                  {"bfloat", ZP_PREC_BF16},        {"torch.bfloat16", ZP_PREC_BF16}};
+    json_t *section;
+    const char *dtype = NULL;
+    if (!get_section(root, what, "data_types", &section, error))
+        return FALSE;
+    char *key = g_strdup_printf("%s: data_types", what);
+    gboolean ok = !section || zp_json_get_string(section, key, "grad_accum_dtype", FALSE,
+                                                 &dtype, error);
+    g_free(key);
+    if (!ok || !dtype)
+        return ok;
+    int found = -1;
+    for (size_t i = 0; i < G_N_ELEMENTS(dtypes); i++)
+        if (strcmp(dtype, dtypes[i].name) == 0)
+            found = (int)i;
+    const char *model = zp_precision_name(p->precision);
+    const int stage = p->zero.stage;
+    if (found < 0)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: data_types.grad_accum_dtype: '%s' "
+                    "is no dtype DeepSpeed names (fp32, fp16, bf16)", what, dtype);
+    else if (stage == 0 && dtypes[found].precision != p->precision)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: data_types.grad_accum_dtype: %s "
+                    "with a %s model and no ZeRO is an unsupported mix (engine.py "
+                    "_do_optimizer_sanity_check raises)", what, dtype, model);
+    else if (stage == 1 && p->precision == ZP_PREC_BF16 &&
+             dtypes[found].precision == ZP_PREC_FP32 &&
+             p->zero.offload_optimizer.device != ZP_OFFLOAD_CPU)
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s: data_types.grad_accum_dtype: fp32 "
+                    "under bf16 at stage 1 runs DeepSpeed's BF16_Optimizer (a full fp32 "
+                    "gradient buffer, all-reduced), which is not modeled; stage 1's ZeRO "
+                    "optimizer runs without the key", what);
+    else
+        return TRUE;
+    return FALSE;
+}
+
 /* sequence_parallel_size: DeepSpeed-Ulysses' degree, by which DeepSpeedConfig.__init__
  * (runtime/config.py) divides the world for the data-parallel batch. zplan does not model
  * sequence parallelism (its all-to-alls, activations split by sequence), so only 1 passes. */
@@ -851,7 +906,7 @@ static gboolean from_json(void *json_object, const char *what, const ZpModel *mo
     if (!resolve_batch(what, dp, &train, &micro, &accum, error) ||
         !read_precision(root, what, launch, &p.precision, warnings, error) ||
         !read_zero(root, what, model, &p.zero, warnings, error) ||
-        !read_kernels(root, what, &p, error))
+        !read_data_types(root, what, &p, error) || !read_kernels(root, what, &p, error))
         return FALSE;
     if (micro.value > MAX_BATCH || accum.value > MAX_BATCH) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
