@@ -35,6 +35,12 @@ gboolean zp_impl_params_are_master(const ZpPlan *plan)
            master > 0;
 }
 
+gboolean zp_impl_ds_bf16_optimizer(const ZpPlan *plan)
+{
+    return plan->impl == ZP_IMPL_DEEPSPEED && zp_plan_pp(plan) > 1 && plan->zero.stage == 0 &&
+           plan->precision == ZP_PREC_BF16;
+}
+
 void zp_impl_plan_defaults(ZpPlan *plan)
 {
     const ZpImpl *impl = zp_impl_get(plan->impl);

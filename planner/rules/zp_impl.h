@@ -306,6 +306,13 @@ ZpStateBytes zp_impl_state_bytes(const ZpPlan *plan);
  * (sharded_params_are_master: FSDP2) under mixed precision (a master copy to be). The
  * schedule's layout and `zplan memory` count the states by it. */
 gboolean zp_impl_params_are_master(const ZpPlan *plan);
+/* Whether DeepSpeed would train the plan with its BF16_Optimizer, which zplan does not model:
+ * bf16 without ZeRO under pipeline parallelism (engine.py _do_optimizer_sanity_check;
+ * bf16_optimizer.py keeps the fp32 master and Adam states partitioned over the data-parallel
+ * ranks, a full gradient buffer beside the bf16 gradients, all-reduced, and all-gathers the
+ * parameters after the step: not stage 0's replicated fp32 copy). The schedule refuses such
+ * a plan and the search leaves it out. */
+gboolean zp_impl_ds_bf16_optimizer(const ZpPlan *plan);
 
 /* Applies the plan's implementation's defaults (ZpImpl plan_defaults), if it has any. */
 void zp_impl_plan_defaults(ZpPlan *plan);

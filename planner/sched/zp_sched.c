@@ -86,6 +86,10 @@ static gboolean check_plan(const ZpModel *model, const ZpPlan *p, GError **error
         bad = "main_grad: Megatron-LM's (--impl megatron or --kernels megatron)";
     else if (p->p2p_sync && p->impl != ZP_IMPL_MEGATRON)
         bad = "p2p_sync: Megatron-LM's pipeline exchanges (--impl megatron)";
+    else if (zp_impl_ds_bf16_optimizer(p))
+        bad = "stage: 0 with bf16 and a pipeline runs DeepSpeed's BF16_Optimizer (its master "
+              "weights and Adam states partitioned over the data-parallel ranks), which is not "
+              "modeled; stage 1 (ZeRO-1) or fp16 is";
     else if (p->dp < 1 || p->mp < 1)
         bad = "gpus/mp: data- and tensor-parallel degrees must be at least 1";
     else if (model->heads % p->mp != 0)

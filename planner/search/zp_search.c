@@ -288,6 +288,8 @@ static void add_plans(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, int m
                 plan.zero.offload_param.device = spec->offload_param;
                 plan.gpus_per_node = spec->hw->gpus_per_node; /* ZeRO++'s node groups */
                 zp_impl_plan_defaults(&plan);
+                if (zp_impl_ds_bf16_optimizer(&plan)) /* not modeled: the schedule refuses */
+                    break;
                 apply_buckets(spec->model, choice, &plan.zero);
                 if (choice == 0) /* the implementation's own defaults, DeepSpeed's for it */
                     zp_impl_plan_defaults(&plan);
