@@ -361,9 +361,10 @@ int cli_moe_plan(const ZpSearchSpec *spec, const ZpExpertConfig *experts, gboole
                ? "TP > 1 runs with sequence parallelism, as Megatron-Core trains a mixture of "
                  "experts, its experts split over TP or whole (ETP 1).\n"
            : spec->impl == ZP_IMPL_DEEPSPEED && spec->mp != 1
-               ? "TP > 1 keeps DeepSpeed's whole experts on each tensor rank, EP across the "
-                 "tensor ranks, each rank\ndispatching 1/TP of the slots and the combined "
-                 "slots all-gathered over TP (sharded_moe.py).\n"
+               ? "TP > 1 keeps DeepSpeed's experts whole on each tensor rank (ETP 1, EP "
+                 "across the tensor ranks) or\nsplit over TP (enable_expert_tensor_parallelism, "
+                 "the slots gathered over TP before them), each rank\ndispatching 1/TP of the "
+                 "slots and the combined slots all-gathered over TP (sharded_moe.py).\n"
                : "");
     print_header();
     for (guint i = 0; i < c->len && (int)i < top_k; i++)

@@ -8,6 +8,7 @@
 #include "zp_ep.h"
 #include "zp_impl.h"
 #include "zp_mem.h"
+#include "zp_pipe.h"
 
 #include <math.h>
 #include <string.h>
@@ -377,7 +378,10 @@ static void add_degrees(const ZpSearchSpec *spec, int mp, ZpPipeConfig pipe, dou
                 base.sequence_parallel = mp > 1 && spec->impl == ZP_IMPL_MEGATRON;
                 base.experts = (ZpExpertConfig){ep, capacity_factor, skew, ZP_DISPATCH_ALLTOALL,
                                                 etp};
-                if (!zp_plan_etp_check(&base, TRUE, "", NULL))
+                /* what the schedule refuses runs nowhere: ZeRO-2 and -3 with a pipeline
+                 * (zp_pipe_check), DeepSpeed's BF16_Optimizer (zp_impl_ds_bf16_optimizer) */
+                if (!zp_plan_etp_check(&base, TRUE, "", NULL) || !zp_pipe_check(m, &base, NULL) ||
+                    zp_impl_ds_bf16_optimizer(&base))
                     continue;
                 add_micro(spec, &base, out);
                 /* Megatron's other dispatcher, its default, where it communicates (ETP x EP
