@@ -276,7 +276,9 @@ static gboolean ds_config_plan(const SimulateFlags *f, const ZpModel *model, con
                      error) &&
          names_agree("--reduce-dtype", f->reduce_dtype, zp_reduce_dtype_name(launch.reduce_dtype),
                      "communication_data_type", zp_reduce_dtype_name(plan->reduce_dtype),
-                     f->ds_config, error);
+                     f->ds_config, error) &&
+         names_agree("--optimizer", f->optimizer, zp_optimizer_name(launch.optimizer),
+                     "optimizer.type", zp_optimizer_name(plan->optimizer), f->ds_config, error);
     /* The config's fp16/bf16 sections may change the launch's precision: where no one named a
      * kernel, PyTorch SDPA's choice follows the dtype the step runs in; a named one must run
      * in it (zp_hw_attention_check: FlashAttention takes no fp32). */

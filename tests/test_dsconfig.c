@@ -3,6 +3,7 @@
  * warning line for what is not modeled, "auto" resolved from the flags, the verdict first and
  * exit 2 when the plan does not fit. */
 #include "testutil.h"
+#include "zp_dsconfig.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -237,6 +238,67 @@ static void test_grad_accum_dtype(void)
     tu_tmp_file_remove(path, dir);
 }
 
+/* optimizer.type (engine.py _configure_basic_optimizer) sets the optimizer: torch.optim's SGD
+ * with momentum the step and model states of --optimizer sgd-momentum beside a config without
+ * the section, without momentum sgd's, AdamW Adam's; a flag that contradicts it, a type whose
+ * states zplan does not model and a name neither DeepSpeed nor torch.optim knows each fail in
+ * one line naming the key; a written config keeps SGD. */
+static void test_optimizer_type(void)
+{
+    char *dir = NULL;
+    char *path = tu_tmp_file("optimizer", "ds.json", &dir);
+    const char *base = "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true}, "
+                       "\"zero_optimization\": {\"stage\": 1}%s}";
+    const struct {
+        const char *section, *flags, *says; /* says NULL: the step of `flags` without it */
+    } cases[] = {
+        {"\"type\": \"SGD\", \"params\": {\"lr\": 0.1, \"momentum\": 0.9}",
+         "--optimizer sgd-momentum", NULL},
+        {"\"type\": \"SGD\", \"params\": {\"lr\": 0.1}", "--optimizer sgd", NULL},
+        {"\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}", "--optimizer adam", NULL},
+        {"\"type\": \"SGD\"", "--optimizer adam",
+         "--optimizer adam contradicts"},
+        {"\"type\": \"Lion\"", "", "optimizer.type: Lion keeps optimizer states zplan does "
+                                   "not model"},
+        {"\"type\": \"sgd\"", "", "optimizer.type: sgd is no DeepSpeed optimizer"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        char *section = g_strdup_printf(", \"optimizer\": {%s}", cases[i].section);
+        char *config = g_strdup_printf(base, section);
+        char *plain = g_strdup_printf(base, "");
+        char *flags = g_strdup_printf("--model gpt2-124m --gpus 8 %s", cases[i].flags);
+        char *err = NULL;
+        int status;
+        const double step_s = ds_step_s(path, config,
+                                        cases[i].says ? flags : "--model gpt2-124m --gpus 8",
+                                        &err, &status);
+        g_test_message("%s -> %d %s", config, status, err);
+        if (cases[i].says) {
+            g_assert_cmpint(status, ==, 1);
+            g_assert_nonnull(strstr(err, cases[i].says));
+        } else {
+            g_assert_cmpint(status, ==, 0);
+            g_assert_null(strstr(err, "(ignored)")); /* not listed as unmodeled */
+            char *plain_err = NULL;
+            int plain_status;
+            g_assert_cmpfloat(ds_step_s(path, plain, flags, &plain_err, &plain_status), ==,
+                              step_s);
+            g_free(plain_err);
+        }
+        g_free(err), g_free(config), g_free(plain), g_free(flags), g_free(section);
+    }
+    tu_tmp_file_remove(path, dir);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 8, 1);
+    p.optimizer = ZP_OPT_SGD_MOMENTUM;
+    json_t *written = zp_dsconfig_to_json(&p);
+    json_t *optimizer = json_object_get(written, "optimizer");
+    g_assert_cmpstr(json_string_value(json_object_get(optimizer, "type")), ==, "SGD");
+    g_assert_cmpfloat(json_number_value(json_object_get(json_object_get(optimizer, "params"),
+                                                        "momentum")), >, 0);
+    json_decref(written);
+}
+
 /* expert_parallel (DeepSpeed's AutoEP) sets the expert-parallel degree: the same step as
  * --ep's, and as --ep beside a config without the section (a deepspeed.moe.layer.MoE's
  * ep_size, in the model's code); what contradicts it fails in one line naming the key, and
@@ -358,6 +420,7 @@ int main(int argc, char **argv)
     g_test_add_func("/dsconfig/all-reduce-fetch", test_all_reduce_fetch);
     g_test_add_func("/dsconfig/expert-parallel", test_expert_parallel);
     g_test_add_func("/dsconfig/grad-accum-dtype", test_grad_accum_dtype);
+    g_test_add_func("/dsconfig/optimizer-type", test_optimizer_type);
     g_test_add_func("/dsconfig/schedule-default-attention", test_schedule_default_attention);
     return g_test_run();
 }

@@ -45,7 +45,7 @@ static const KeySpec top_keys[] = {
     OWN("zero_optimization"), OWN("activation_checkpointing"), OWN("communication_data_type"),
     OWN("attention_kernel"), OWN("tensor_parallel"), OWN("pipeline"),
     OWN("sequence_parallel_size"),
-    IGNORED("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
+    OWN("optimizer"), IGNORED("scheduler"), IGNORED("gradient_clipping"),
     IGNORED("steps_per_print"), IGNORED("wall_clock_breakdown"), IGNORED("memory_breakdown"),
     IGNORED("prescale_gradients"), IGNORED("gradient_predivide_factor"),
     IGNORED("sparse_gradients"), IGNORED("zero_allow_untested_optimizer"),
@@ -776,6 +776,47 @@ static gboolean read_kernels(json_t *root, const char *what, ZpPlan *p, GError *
     return ok;
 }
 
+/* optimizer.type (runtime/config.py: DeepSpeed's own names whatever their case, else a
+ * torch.optim class by its name; engine.py _configure_basic_optimizer): Adam and AdamW
+ * (FusedAdam, DeepSpeedCPUAdam) keep two fp32 moments; torch.optim.SGD a momentum buffer
+ * where params.momentum is above 0, none where not. The rest (Lamb, Lion, Adagrad, 1-bit
+ * Adam, Muon, ...) keep other states and are refused naming the key. Without a type the
+ * model's code brings its optimizer: the launch's (--optimizer) stands. */
+static gboolean read_optimizer(json_t *root, const char *what, ZpPlan *p, GError **error)
+{
+    json_t *section;
+    const char *type = NULL;
+    if (!get_section(root, what, "optimizer", &section, error))
+        return FALSE;
+    char *key = g_strdup_printf("%s: optimizer", what);
+    gboolean ok = !section || zp_json_get_string(section, key, "type", FALSE, &type, error);
+    if (!ok || !type) {
+        g_free(key);
+        return ok;
+    }
+    if (g_ascii_strcasecmp(type, "adam") == 0 || g_ascii_strcasecmp(type, "adamw") == 0) {
+        p->optimizer = ZP_OPT_ADAM;
+    } else if (strcmp(type, "SGD") == 0) {
+        json_t *params = json_object_get(section, "params");
+        double momentum = 0;
+        char *params_key = g_strdup_printf("%s.params", key);
+        ok = !json_is_object(params) ||
+             zp_json_get_number(params, params_key, "momentum", FALSE, 0, 1e6, &momentum, error);
+        g_free(params_key);
+        p->optimizer = momentum > 0 ? ZP_OPT_SGD_MOMENTUM : ZP_OPT_SGD;
+    } else if (g_ascii_strcasecmp(type, "sgd") == 0) { /* getattr(torch.optim, type) fails */
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s.type: %s is no DeepSpeed optimizer and "
+                    "no torch.optim class (SGD is)", key, type);
+        ok = FALSE;
+    } else {
+        g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s.type: %s keeps optimizer states zplan "
+                    "does not model (Adam, AdamW and torch.optim's SGD are)", key, type);
+        ok = FALSE;
+    }
+    g_free(key);
+    return ok;
+}
+
 /* data_types.grad_accum_dtype (runtime/config.py; engine.py get_data_types: the model's dtype
  * when absent), as engine.py _do_optimizer_sanity_check takes it: with ZeRO, bf16 accumulated
  * in fp32 at stage 1 without a CPU-offloaded optimizer takes DeepSpeed's BF16_Optimizer
@@ -906,7 +947,8 @@ static gboolean from_json(void *json_object, const char *what, const ZpModel *mo
     if (!resolve_batch(what, dp, &train, &micro, &accum, error) ||
         !read_precision(root, what, launch, &p.precision, warnings, error) ||
         !read_zero(root, what, model, &p.zero, warnings, error) ||
-        !read_data_types(root, what, &p, error) || !read_kernels(root, what, &p, error))
+        !read_data_types(root, what, &p, error) || !read_optimizer(root, what, &p, error) ||
+        !read_kernels(root, what, &p, error))
         return FALSE;
     if (micro.value > MAX_BATCH || accum.value > MAX_BATCH) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE,
@@ -994,6 +1036,14 @@ void *zp_dsconfig_to_json(const ZpPlan *plan)
                         json_integer(plan->zero.zero_hpz_partition_size));
     zp_offload_add_json(zero, &plan->zero.offload_optimizer, &plan->zero.offload_param);
     json_object_set_new(root, "zero_optimization", zero);
+    /* SGD as read_optimizer reads it back (Adam, DeepSpeed's and the Trainer's default, and
+     * 8-bit Adam, a client's bitsandbytes optimizer no config names, are left to the code) */
+    if (plan->optimizer == ZP_OPT_SGD || plan->optimizer == ZP_OPT_SGD_MOMENTUM)
+        json_object_set_new(root, "optimizer",
+                            plan->optimizer == ZP_OPT_SGD
+                                ? json_pack("{s:s}", "type", "SGD")
+                                : json_pack("{s:s, s:{s:f}}", "type", "SGD", "params", "momentum",
+                                            0.9));
     json_object_set_new(root, "tensor_parallel", json_pack("{s:i}", "autotp_size", plan->mp));
     if (plan->reduce_dtype != ZP_REDUCE_GRAD)
         json_object_set_new(root, "communication_data_type",
