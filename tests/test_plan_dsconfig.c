@@ -193,7 +193,7 @@ static void test_dsconfig_warnings(void)
         &m, &launch, &plan, &batch, warnings, &error));
     g_assert_no_error(error);
     const char *expected[] = {
-        "read but not modeled (ignored): optimizer, scheduler, gradient_clipping, "
+        "read but not modeled (ignored): scheduler, gradient_clipping, "
         "steps_per_print, wall_clock_breakdown, fp16.loss_scale",
         "unknown top-level keys, which DeepSpeed ignores: trian_batch_size",
         "zero_optimization.offload_optimizer: \"pipeline_read\" ignored",
