@@ -699,6 +699,34 @@ static void test_search_tries_pipelines(void)
     g_array_unref(c);
 }
 
+/* A skewed dropless router still sends whole tokens: the busiest rank's R is routed x skew
+ * rounded up (2 x 16 x 2 = 64 copies at skew 1.2: 77, not 76.8), and a pipeline of the tiny
+ * MoE under DeepSpeed at skew 1.2 (which once left -1.8e-12 bytes of ep_buffers live at the
+ * peak: fractional bytes allocated and freed) reports whole, non-negative bytes. */
+static void test_skew_whole_tokens(void)
+{
+    ZpModel m;
+    tu_small_moe(&m);
+    ZpPlan p;
+    zp_plan_defaults(&p, 1, 2, 1);
+    p.micro_batch = 2, p.experts.ep = 2, p.experts.skew = 1.2;
+    const ZpEpActivations a = zp_ep_activations(&m, &p);
+    g_assert_cmpfloat(a.routed_tokens, ==, 64);
+    g_assert_cmpfloat(a.received_tokens, ==, 77);
+    p.experts.skew = 1.5; /* exact products are not rounded up further */
+    g_assert_cmpfloat(zp_ep_activations(&m, &p).received_tokens, ==, 96);
+    json_t *j = tu_zplan_json("simulate --model moe-tiny --cluster h100-measured --gpus 8 "
+                              "--stage 1 --micro-batch 1 --mp 2 --pp 2 --expert-skew 1.2 --json");
+    const char *key;
+    json_t *v;
+    json_object_foreach(json_object_get(j, "peak_breakdown"), key, v) {
+        const double bytes = json_number_value(v);
+        g_assert_cmpfloat(bytes, >=, 0);
+        g_assert_cmpfloat(bytes, ==, floor(bytes));
+    }
+    json_decref(j);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -717,5 +745,6 @@ int main(int argc, char **argv)
     g_test_add_func("/ep/memory-mixtral", test_memory_mixtral);
     g_test_add_func("/ep/search-mixtral", test_search_mixtral);
     g_test_add_func("/ep/search-tries-pipelines", test_search_tries_pipelines);
+    g_test_add_func("/ep/skew-whole-tokens", test_skew_whole_tokens);
     return g_test_run();
 }

@@ -84,7 +84,7 @@ ZpEpStates zp_ep_model_states(const ZpModel *model, const ZpPlan *plan, int stag
  * moe_utils.get_capacity and DeepSpeed's sharded_moe.py top2gating: ceil(T k / E x factor) per
  * expert, each rank's dispatch a padded [E, capacity, h] buffer, so every rank receives
  * E x capacity whatever the router does. Dropless (Megatron-Core's default, the capacity factor
- * None): T k in balance, the busiest rank `skew` times that. */
+ * None): T k in balance, the busiest rank `skew` times that, in whole tokens. */
 static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
 {
     const ZpMoe *moe = &model->moe;
@@ -98,7 +98,10 @@ static void route(const ZpModel *model, const ZpPlan *plan, ZpEpActivations *a)
             ceil(a->routed_tokens / (double)moe->experts * plan->experts.capacity_factor);
         a->received_tokens = (double)moe->experts * a->expert_capacity / drop;
     } else {
-        a->received_tokens = a->routed_tokens * zp_plan_expert_skew(plan) / drop;
+        /* whole tokens: a skew's product rounded up (a fraction left fractional bytes, whose
+         * allocations and frees then summed to -1.8e-12 bytes live in a peak's breakdown);
+         * the float's own noise below 1e-6 of a token is none */
+        a->received_tokens = ceil(a->routed_tokens * zp_plan_expert_skew(plan) / drop - 1e-6);
     }
     if (plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER) {
         /* MoEAllGatherTokenDispatcher.token_dispatch gathers the T tokens of each of the
