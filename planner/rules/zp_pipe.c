@@ -219,8 +219,8 @@ gboolean zp_pipe_check(const ZpModel *model, const ZpPlan *plan, GError **error)
          * assert self.zero_optimization_stage() < ZeroStageEnum.gradients,
          * "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" */
         bad = "stage: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (DeepSpeed's "
-              "PipelineEngine refuses them: deepspeed/runtime/pipe/engine.py); use stage 0 or 1 "
-              "with --pp";
+              "PipelineEngine refuses them: deepspeed/runtime/pipe/engine.py; zplan's pipelines "
+              "take ZeRO as it does, under every --impl); use stage 0 or 1 with --pp";
     if (bad) {
         g_set_error(error, ZP_ERROR, ZP_ERROR_VALUE, "%s", bad);
         return FALSE;
