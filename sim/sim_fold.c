@@ -604,7 +604,8 @@ static gboolean at_head(SimFold *f, Sim *sim, uint32_t w, uint32_t head, double 
         /* c as b moved by a period (two snapshots), or each value moving by its own amount
          * twice (three: a lagging rank's times, GPipe's backward phase). */
         const gboolean two = sim_snap_same_steps(&b->first, &c->first);
-        const gboolean three = a && sim_snap_same_steps3(&a->first, &b->first, &c->first);
+        const gboolean three =
+            a && f->own_steps && sim_snap_same_steps3(&a->first, &b->first, &c->first);
         if (!two && !three)
             continue;
         /* The first tier repeats: the whole state, then, of this instant, kept for the heads
@@ -716,6 +717,9 @@ SimFold *sim_fold_new(Sim *sim, gboolean turned_off, SimFoldReport *report)
     sim->fold_hi = g_new0(uint32_t, f->stages);
     for (uint32_t k = 0; k < MAX_SHIFTS; k++)
         f->blocked_at[k] = UINT32_MAX;
+    const ZpPlan *plan = &sim->sched->plan;
+    f->own_steps = !(plan->experts.dispatcher == ZP_DISPATCH_ALLGATHER &&
+                     zp_plan_etp(plan) * zp_plan_ep(plan) > 1);
     f->shifts[f->n_shifts++] = 1;
     f->shifts[f->n_shifts++] = 2;
     if (sim->sched->plan.pipe.schedule == ZP_PIPE_1F1B && f->stages > 2)

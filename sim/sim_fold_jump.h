@@ -91,6 +91,12 @@ struct SimFold {
      * was noted (a virtual period has no op to write its cells at: none counted then). */
     uint64_t virtual_left;
     gboolean cells_noted;
+    /* Whether a proof may take each rank moving by its own amount (sim_snap_repeats3): not
+     * under Megatron's all-gather dispatcher over TP x EP > 1 (its collectives on the compute
+     * stream), where such jumps replayed the middle stages' exposed communication wrong
+     * (random testing: Mixtral interleaved pp 4, 23,619 quanta over 6 periods; DeepSeek-V3
+     * 1F1B pp 16), the cause not yet found: refused there, two-snapshot proofs kept. */
+    gboolean own_steps;
     /* With extend_or_stop: a proof whose jump would have counted every virtual period but for
      * the stop time (SimOptions.stop_after_s), which the run is left to reach: its shift, and
      * each stage's window start then (stop_from, NULL before). sim_fold_stopped_exact. */
