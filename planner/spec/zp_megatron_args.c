@@ -602,8 +602,8 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
                             : i + 1 < argc && !g_str_has_prefix(argv[i + 1], "--") ? argv[i + 1]
                                                                                    : NULL;
         gboolean used = FALSE;
-        const ArgRule *words = find_rule(kv[0]);
-        if (words && words->kind == A_WORDS) {
+        const ArgRule *rule = find_rule(kv[0]); /* NULL: a flag zplan ignores */
+        if (rule && rule->kind == A_WORDS) {
             if (!value) {
                 ok = fail(error, what, kv[0], "needs a value%s", "");
             } else if (kv[1]) {
@@ -619,9 +619,9 @@ gboolean zp_megatron_args_parse(int argc, char **argv, const char *what, const Z
         if (used && !kv[1])
             i++;
         /* A flag zplan ignores may take several values (argparse's nargs='+': a blended
-         * --data-path's weights and prefixes, --recompute-modules' names): all its words,
+         * --data-path's weights and prefixes, --train-data-path's): all its words,
          * to the next flag, are its own. */
-        if (ok && !find_rule(kv[0]) && !kv[1])
+        if (ok && !rule && !kv[1])
             while (i + 1 < argc && !g_str_has_prefix(argv[i + 1], "--"))
                 i++;
         g_strfreev(kv);
