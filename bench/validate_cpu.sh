@@ -20,6 +20,8 @@
 # N ranks at once: the profiles take those times first (zp_cost), the kernel sums otherwise.
 set -eu
 cd "$(dirname "$0")/.."
+# What it runs, built here (run alone, the missing probe printed -nan for the host's speed)
+make -s build/zplan build/zreal build/bench/bench_gemm
 out=${1:-$(mktemp -d)}
 mkdir -p "$out"
 : >"$out/table.txt"
